@@ -1,0 +1,61 @@
+"""Registry look-ups that turn a resolved config into objects. One place, no magic."""
+from __future__ import annotations
+
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from mmvl import registry
+from mmvl.data.base import DatasetBuilder
+from mmvl.errors import UserError
+
+
+def dataset_names(config: DictConfig) -> list[str]:
+    names = config.datasets
+    if isinstance(names, str):
+        names = [n.strip() for n in names.split(",") if n.strip()]
+    names = list(names or [])
+    if not names:
+        raise UserError("No dataset chosen; set datasets=<name> (see `mmvl_run --list dataset`).")
+    return names
+
+
+def build_datasets(config: DictConfig) -> dict[str, DatasetBuilder]:
+    """One builder per chosen dataset (not yet prepared)."""
+    builders = {}
+    for name in dataset_names(config):
+        cls = registry.DATASETS.get(name)
+        ds_config = config.dataset_config.get(name) or OmegaConf.create({})
+        builders[name] = cls(ds_config, str(config.env.data_dir))
+    return builders
+
+
+def model_config(config: DictConfig, builders: dict[str, DatasetBuilder]) -> DictConfig:
+    """``model_config.<model>`` with null ``vocab_size``/``num_labels`` filled from the data."""
+    name = config.model
+    mcfg = OmegaConf.create(OmegaConf.to_container(config.model_config.get(name) or {}))
+    for builder in builders.values():
+        info: dict[str, Any] = getattr(builder, "model_info", lambda: {})()
+        for key, value in info.items():
+            if key in mcfg and mcfg[key] is None:
+                mcfg[key] = value
+    return mcfg
+
+
+def build_model(config: DictConfig, builders: dict[str, DatasetBuilder]):
+    cls = registry.MODELS.get(config.model)
+    model = cls(model_config(config, builders))
+    if config.training.get("gradient_checkpointing"):
+        model.enable_gradient_checkpointing()
+    return model
+
+
+def build_callbacks(config: DictConfig, trainer: Any) -> list[Any]:
+    """The built-in callbacks, then the user's ``training.callbacks`` in order."""
+    from mmvl.trainers.callbacks import default_callbacks
+
+    callbacks = default_callbacks(trainer)
+    for spec in config.training.get("callbacks") or []:
+        cls = registry.CALLBACKS.get(spec["type"])
+        callbacks.append(cls(trainer, **dict(spec.get("params") or {})))
+    return callbacks

@@ -1,0 +1,274 @@
+"""Checkpoint files: atomic writes, keep-N pruning, best/last links, safe loading.
+
+A checkpoint is a plain dict of state dicts (``model``, ``optimizer``,
+``scaler``, ``scheduler``, ``trainer``, ``data``, ``rng``, ``config``) holding
+only tensors and Python builtins, so it loads with ``weights_only=True`` and a
+downloaded file can never run code. (numpy RNG state must be stored as a
+tensor or list, and the config as a plain container.)
+
+Layout under ``<save_dir>/checkpoints/``: ``model_<update>.ckpt`` (periodic,
+pruned to the newest ``max_to_keep``), ``last.ckpt`` and ``best.ckpt``. The
+state is serialised once; ``last``/``best`` are hard links (a copy where the
+filesystem has none) switched in by ``os.replace``, so they always name a
+complete file, even if the process dies mid-save.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Iterable
+
+import torch
+
+from mmvl.errors import UserError
+
+log = logging.getLogger(__name__)
+
+_PERIODIC = re.compile(r"^model_(\d+)\.ckpt$")
+_PREFIXES = ("module.", "_orig_mod.")
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # e.g. platforms that cannot open directories
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _temp_path(path: Path) -> Path:
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    return Path(name)
+
+
+def atomic_save(obj: Mapping[str, Any], path: str | os.PathLike) -> Path:
+    """``torch.save`` to a temp file beside ``path``, fsync, then rename over it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _temp_path(path)
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+    return path
+
+
+def _link_replace(src: Path, dst: Path) -> None:
+    """Make ``dst`` name the same complete file as ``src`` (hard link, else copy), atomically."""
+    tmp = _temp_path(dst)
+    try:
+        tmp.unlink()
+        try:
+            os.link(src, tmp)
+        except OSError:
+            shutil.copyfile(src, tmp)
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+        os.replace(tmp, dst)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(dst.parent)
+
+
+def safe_load(path: str | os.PathLike, map_location: Any = "cpu",
+              expect_keys: Iterable[str] = ("model",)) -> dict[str, Any]:
+    """Load a checkpoint with ``weights_only=True``; any problem is a UserError naming ``path``."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"checkpoint {str(path)!r} does not exist; check the path "
+                        "(checkpoint.resume_file / the run's save_dir).")
+    try:
+        obj = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as e:  # noqa: BLE001 - torch raises many types for bad files
+        text = str(e)
+        if "Weights only load failed" in text or "Unsupported global" in text:
+            culprit = re.search(r"GLOBAL\s+([\w.]+)", text)
+            what = f" (e.g. {culprit.group(1)})" if culprit else ""
+            raise UserError(
+                f"checkpoint {str(path)!r} contains pickled Python objects{what}; mmvl only loads "
+                "weights-only checkpoints (tensors and plain containers). Re-save it from trusted code as "
+                "plain state dicts."
+            ) from None
+        raise UserError(f"checkpoint {str(path)!r} is truncated or corrupt ({type(e).__name__}: "
+                        f"{text.splitlines()[0][:200] if text else 'no detail'}); use another checkpoint.") from None
+    if not isinstance(obj, dict):
+        raise UserError(f"checkpoint {str(path)!r} is not an mmvl checkpoint: it holds a "
+                        f"{type(obj).__name__}, expected a dict of state dicts.")
+    missing = [k for k in expect_keys if k not in obj]
+    if missing:
+        raise UserError(f"checkpoint {str(path)!r} is not an mmvl checkpoint: it lacks {missing} "
+                        f"(has {sorted(map(str, obj))[:8]}).")
+    return obj
+
+
+class CheckpointManager:
+    """Owns ``<save_dir>/checkpoints/``; call from one process (rank 0) only."""
+
+    def __init__(self, save_dir: str | os.PathLike, max_to_keep: int = 5):
+        self.dir = Path(save_dir) / "checkpoints"
+        self.max_to_keep = int(max_to_keep)
+
+    @property
+    def directory(self) -> Path:
+        return self.dir
+
+    @property
+    def last_path(self) -> Path:
+        return self.dir / "last.ckpt"
+
+    @property
+    def best_path(self) -> Path:
+        return self.dir / "best.ckpt"
+
+    def periodic_paths(self) -> list[Path]:
+        """``model_<update>.ckpt`` files, oldest update first."""
+        if not self.dir.is_dir():
+            return []
+        found = [(int(m.group(1)), p) for p in self.dir.iterdir() if (m := _PERIODIC.match(p.name))]
+        return [p for _, p in sorted(found)]
+
+    def save(self, state: Mapping[str, Any], update: int, is_best: bool = False, periodic: bool = True) -> Path:
+        """Write ``state`` once, then switch ``last`` (and ``best``) to it; returns the written file."""
+        if periodic:
+            written = atomic_save(state, self.dir / f"model_{int(update)}.ckpt")
+            _link_replace(written, self.last_path)
+        else:
+            written = atomic_save(state, self.last_path)
+        if is_best:
+            _link_replace(written, self.best_path)
+        if periodic:
+            self._prune()
+        return written
+
+    def _prune(self) -> None:
+        if self.max_to_keep <= 0:
+            return
+        for old in self.periodic_paths()[:-self.max_to_keep]:
+            old.unlink(missing_ok=True)  # last/best are separate links and stay valid
+
+    def load_latest(self, best: bool = False, map_location: Any = "cpu") -> tuple[dict[str, Any], Path] | None:
+        """Load ``last.ckpt`` (``best.ckpt`` first with ``best``), else the newest periodic file that loads.
+
+        Unusable files are reported with ``logging.warning`` and skipped. Returns
+        None when the directory holds no checkpoint at all; raises UserError when
+        there are checkpoints but none loads (never silently start over).
+        """
+        candidates = ([self.best_path] if best else []) + [self.last_path] + self.periodic_paths()[::-1]
+        if best and not self.best_path.is_file():
+            log.warning("checkpoint.resume_best is set but %s does not exist; resuming from the latest.",
+                        self.best_path)
+        problems = []
+        for path in candidates:
+            if not path.is_file():
+                continue
+            try:
+                return safe_load(path, map_location), path
+            except UserError as e:
+                log.warning("skipping unusable checkpoint: %s", e)
+                problems.append(str(e))
+        if not problems:
+            return None
+        raise UserError(f"no loadable checkpoint in {str(self.dir)!r}; delete or repair the files listed. "
+                        f"Problems: {' | '.join(problems)}")
+
+    def find_resume(self, resume_file: str | os.PathLike | None = None, resume_best: bool = False) -> Path | None:
+        """The checkpoint a run should resume from, or None to start fresh.
+
+        An explicit ``resume_file`` must exist. ``resume_best`` picks
+        ``best.ckpt`` (falling back to the latest, with a warning, when there is
+        none yet). Otherwise ``last.ckpt``, else the newest periodic file. Load a
+        ``last_path`` result with :meth:`load_latest` to get corrupt-file fallback.
+        """
+        if resume_file:
+            path = Path(resume_file)
+            if not path.is_file():
+                raise UserError(f"checkpoint.resume_file={str(path)!r} does not exist; fix the path or unset it.")
+            return path
+        if resume_best:
+            if self.best_path.is_file():
+                return self.best_path
+            log.warning("checkpoint.resume_best is set but %s does not exist; resuming from the latest.",
+                        self.best_path)
+        if self.last_path.is_file():
+            return self.last_path
+        periodic = self.periodic_paths()
+        return periodic[-1] if periodic else None
+
+
+def apply_state_mapping(state: Mapping[str, Any], mapping: Mapping[str, str] | None) -> dict[str, Any]:
+    """Rename checkpoint keys by prefix (``checkpoint.pretrained_state_mapping``).
+
+    ``mapping`` is {checkpoint key prefix: model key prefix}; with a non-empty
+    mapping only the mapped keys are kept (load the result with strict=False),
+    which is how a pretrained encoder is moved into a fine-tuning model.
+    """
+    if not mapping:
+        return dict(state)
+    out: dict[str, Any] = {}
+    for key, value in state.items():
+        canonical = _canonical(key)
+        for src, dst in mapping.items():
+            src, dst = str(src).rstrip("."), str(dst or "").rstrip(".")
+            if not src or canonical == src or canonical.startswith(src + "."):
+                rest = canonical[len(src) + 1:] if src else canonical
+                out[".".join(p for p in (dst, rest) if p)] = value
+                break
+    return out
+
+
+def _canonical(key: str) -> str:
+    changed = True
+    while changed:
+        changed = False
+        for prefix in _PREFIXES:
+            if key.startswith(prefix):
+                key, changed = key[len(prefix):], True
+    return key
+
+
+def load_model_state(model: torch.nn.Module, state: Mapping[str, Any], strict: bool = True) -> tuple[list[str], list[str]]:
+    """Load a model state dict (or a checkpoint holding one under ``model``).
+
+    ``module.`` / ``_orig_mod.`` prefixes (DDP, torch.compile) are stripped or
+    added to match ``model``. Shape mismatches are listed by key in a UserError;
+    with ``strict`` so are missing/unexpected keys. Returns (missing, unexpected).
+    """
+    if isinstance(state.get("model"), Mapping):
+        state = state["model"]
+    model_state = model.state_dict()
+    by_canonical = {_canonical(k): k for k in model_state}
+    mapped = {by_canonical.get(_canonical(k), k): v for k, v in state.items()}
+    mismatched = [
+        f"key {k!r}: checkpoint {tuple(v.shape)} vs model {tuple(model_state[k].shape)}"
+        for k, v in mapped.items()
+        if k in model_state and isinstance(v, torch.Tensor) and v.shape != model_state[k].shape
+    ]
+    if mismatched:
+        more = f"; ... and {len(mismatched) - 5} more" if len(mismatched) > 5 else ""
+        raise UserError(f"checkpoint from another model? {'; '.join(mismatched[:5])}{more}.")
+    missing = [k for k in model_state if k not in mapped]
+    unexpected = [k for k in mapped if k not in model_state]
+    if strict and (missing or unexpected):
+        raise UserError(
+            f"checkpoint does not match the model: missing {missing[:5]}{'...' if len(missing) > 5 else ''} "
+            f"({len(missing)}), unexpected {unexpected[:5]}{'...' if len(unexpected) > 5 else ''} "
+            f"({len(unexpected)}); load with strict=False to load the overlap."
+        )
+    model.load_state_dict(mapped, strict=False)
+    return missing, unexpected

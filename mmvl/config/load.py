@@ -1,0 +1,214 @@
+"""Building one run's config: defaults -> model -> datasets -> user file -> CLI.
+
+The model, datasets and ``env.user_dir`` are chosen first (CLI > user file >
+defaults) because they decide which YAMLs form the base. Every user layer is
+validated against that base before merging, so errors name their source.
+The result is fully resolved: workers need no custom resolvers.
+"""
+from __future__ import annotations
+
+import copy
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from mmvl.config.components import component_yaml, import_builtins, import_user_dir
+from mmvl.config.files import load_with_includes, read_yaml
+from mmvl.config.opts import normalize_datasets, parse_opts
+from mmvl.config.resolvers import register_resolvers
+from mmvl.config.validate import Provenance, apply_aliases, check_final, check_layer, is_interpolation
+from mmvl.errors import UserError
+
+CLI = "command line"
+
+
+def config_root(root: str | os.PathLike[str] | None = None) -> Path:
+    """``root`` if given, else ``$MMVL_CONFIG_ROOT``, else the repo's ``configs/``."""
+    if root is None:
+        root = os.environ.get("MMVL_CONFIG_ROOT") or Path(__file__).resolve().parents[2] / "configs"
+    return Path(root).expanduser()
+
+
+def load_config(
+    opts: Iterable[str] = (), config_root: str | os.PathLike[str] | None = None
+) -> DictConfig:
+    """Parse ``opts`` (``config=``, ``model=``, ``datasets=``, ``key=value``) into a resolved config."""
+    register_resolvers()
+    root = _config_root(config_root)
+    parsed = parse_opts(opts)
+    defaults_path = root / "defaults.yaml"
+    defaults = read_yaml(defaults_path, "Defaults file")
+    provenance: Provenance = {}
+    check_layer(defaults, defaults, str(defaults_path), provenance)  # records sources only
+
+    user: list[tuple[str, dict[str, Any]]] = []
+    for file in parsed.config_files:
+        for path, content in load_with_includes(file):
+            if "datasets" in content:
+                content["datasets"] = normalize_datasets(content["datasets"], str(path))
+            user.append((str(path), content))
+    cli = [(CLI, _nest(key, value)) for key, value in parsed.overrides]
+    chosen = [(str(defaults_path), defaults), *user, *cli]
+
+    model = _choose("model", chosen)
+    datasets = _choose("datasets", chosen)
+    if isinstance(datasets, str):
+        datasets = normalize_datasets(datasets, "the datasets interpolation")
+    user_dir = _choose("env.user_dir", chosen)
+    if model is not None and not isinstance(model, str):
+        raise UserError(f"'model' must be a registered model name, got {model!r}.")
+
+    if model:
+        import_builtins("model")
+    if datasets:
+        import_builtins("dataset")
+    if user_dir:
+        import_user_dir(user_dir, _source_of("env.user_dir", chosen))
+
+    base = copy.deepcopy(defaults)
+    if model:
+        _add_component(base, "model", model, root, provenance)
+    for name in datasets or []:
+        _add_component(base, "dataset", name, root, provenance)
+
+    merged = copy.deepcopy(base)
+    for source, layer in [*user, *cli]:
+        _deep_merge(merged, check_layer(layer, base, source, provenance))
+    return _finish(merged, provenance)
+
+
+def _config_root(root: str | os.PathLike[str] | None) -> Path:
+    path = config_root(root)
+    if not path.is_dir():
+        raise UserError(
+            f"Config root {str(path)!r} is not a folder; set MMVL_CONFIG_ROOT or pass config_root "
+            f"pointing to the folder with defaults.yaml."
+        )
+    return path
+
+
+def _nest(key: str, value: Any) -> dict[str, Any]:
+    """``"a.b.c", v`` -> ``{"a": {"b": {"c": v}}}``."""
+    tree: dict[str, Any] = {}
+    node = tree
+    parts = key.split(".")
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+    node[parts[-1]] = value
+    return tree
+
+
+_ABSENT = object()
+
+
+def _lookup(tree: Mapping[str, Any], path: str) -> Any:
+    node: Any = tree
+    for part in path.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return _ABSENT
+        node = node[part]
+    return node
+
+
+def _source_of(path: str, layers: list[tuple[str, dict[str, Any]]]) -> str:
+    for source, layer in reversed(layers):
+        if _lookup(layer, path) is not _ABSENT:
+            return source
+    return "defaults"
+
+
+def _choose(path: str, layers: list[tuple[str, dict[str, Any]]]) -> Any:
+    """The value of ``path`` from the last layer that sets it, interpolations resolved."""
+    for source, layer in reversed(layers):
+        value = _lookup(layer, path)
+        if value is _ABSENT:
+            continue
+        if not is_interpolation(value):
+            return value
+        try:
+            return OmegaConf.create({"v": value}).v
+        except OmegaConfBaseException as err:
+            raise UserError(f"Cannot resolve {path}={value!r} from {source}: {_first_line(err)}.") from None
+    return None
+
+
+def _add_component(base: dict[str, Any], kind: str, name: str, root: Path, provenance: Provenance) -> None:
+    """Merge the YAML of model/dataset ``name`` into ``base`` (checked outside its own section)."""
+    section = f"{kind}_config"
+    path = component_yaml(kind, name, root)
+    if path is not None:
+        for file, content in load_with_includes(path):
+            _deep_merge(base, check_layer(content, base, str(file), provenance, free_roots=(section,)))
+    base.setdefault(section, {})
+    if not isinstance(base[section].get(name), dict):
+        base[section][name] = {}
+
+
+def _deep_merge(dst: dict[str, Any], src: Mapping[str, Any]) -> dict[str, Any]:
+    """Merge ``src`` into ``dst``: mappings recursively, everything else (lists too) replaced."""
+    for key, value in src.items():
+        if isinstance(value, Mapping) and isinstance(dst.get(key), dict):
+            _deep_merge(dst[key], value)
+        else:
+            dst[key] = copy.deepcopy(value)
+    return dst
+
+
+def _finish(merged: dict[str, Any], provenance: Provenance) -> DictConfig:
+    """Resolve, check cross-key rules and aliases, return a plain (resolved) DictConfig."""
+    try:
+        cfg = OmegaConf.create(merged)
+        missing = sorted(OmegaConf.missing_keys(cfg))
+        if missing:
+            raise UserError(
+                f"Config key {missing[0]!r} is required but not set (???); "
+                f"set it in your config file or with {missing[0]}=<value>."
+            )
+        resolved = OmegaConf.to_container(cfg, resolve=True)
+    except OmegaConfBaseException as err:
+        key = getattr(err, "full_key", None) or "?"
+        raise UserError(
+            f"Cannot resolve config key {key!r} (from {provenance.get(key, 'the merged config')}): "
+            f"{_first_line(err)}. Fix the ${{...}} interpolation."
+        ) from None
+    assert isinstance(resolved, dict)
+    if isinstance(resolved.get("datasets"), str):
+        resolved["datasets"] = normalize_datasets(resolved["datasets"], "the resolved config")
+    check_final(resolved, provenance)
+    apply_aliases(resolved, provenance)
+    return OmegaConf.create(resolved)
+
+
+def _first_line(err: BaseException) -> str:
+    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+
+
+def save_config(cfg: DictConfig | Mapping[str, Any], path: str | os.PathLike[str]) -> Path:
+    """Write ``cfg`` as plain, resolved YAML atomically (tmp file + fsync + rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = OmegaConf.to_yaml(cfg if isinstance(cfg, DictConfig) else OmegaConf.create(dict(cfg)), resolve=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    try:  # make the rename itself durable
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    except OSError:
+        pass
+    return path

@@ -1,0 +1,279 @@
+"""Checking config layers against the base config, with a fix in every error.
+
+Each user layer (a YAML file or the command line) is checked on its own so an
+error can name where the bad key came from. The base (defaults + model and
+dataset YAMLs) defines which keys exist and their types; nodes named
+``params`` and empty mappings below the top level are open (any new key).
+"""
+from __future__ import annotations
+
+import difflib
+from typing import Any, Callable
+
+from mmvl.errors import UserError
+
+#: where each leaf key was last set (dotted key -> file path or "command line")
+Provenance = dict[str, str]
+
+CHOICES: dict[str, tuple[Any, ...]] = {
+    "run_type": ("train", "val", "test", "train_val", "train_test"),
+    "training.precision": ("fp32", "fp16", "bf16"),
+    "distributed.strategy": ("auto", "single", "dp", "ddp", "zero_fairscale", "zero_torch", "fsdp"),
+    "distributed.backend": ("auto", "nccl", "gloo"),
+    "optimizer.lr_scaling": ("none", "linear", "sqrt", None),
+    "checkpoint.resume": (True, False, "auto"),
+}
+#: keys that must be positive integers (None allowed where listed)
+POSITIVE_INT: dict[str, bool] = {
+    "training.batch_size": False,
+    "training.max_updates": True,
+    "training.max_epochs": True,
+    "training.gradient_accumulation": False,
+    "training.update_frequency": True,
+}
+#: top-level sections that must not accept arbitrary new names
+_CLOSED_ROOTS = ("model_config", "dataset_config")
+
+
+def is_interpolation(value: Any) -> bool:
+    return isinstance(value, str) and "${" in value
+
+
+def dotted_keys(tree: dict[str, Any], prefix: str = "") -> list[str]:
+    """Every node and leaf of ``tree`` as a dotted key (for suggestions)."""
+    keys: list[str] = []
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        keys.append(path)
+        if isinstance(value, dict):
+            keys.extend(dotted_keys(value, path + "."))
+    return keys
+
+
+def check_layer(
+    layer: dict[str, Any],
+    base: dict[str, Any],
+    source: str,
+    provenance: Provenance,
+    free_roots: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """Validate ``layer`` against ``base``; return it with numbers coerced.
+
+    ``free_roots`` are top-level keys whose subtrees are taken as they are
+    (a model YAML's ``model_config``). Records each leaf's ``source``.
+    """
+    all_keys: list[str] = []  # filled lazily: only needed for an error
+
+    def suggest(path: str) -> str:
+        if not all_keys:
+            all_keys.extend(dotted_keys(base))
+        hits = suggest_keys(path, all_keys)
+        return f" Did you mean {' or '.join(repr(h) for h in hits)}?" if hits else ""
+
+    def walk(node: dict[str, Any], ref: dict[str, Any] | None, prefix: str, open_: bool) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            path = f"{prefix}{key}"
+            if ref is None or key not in ref:
+                if not open_:
+                    hint = _unknown_hint(str(key), path, suggest)
+                    raise UserError(f"Unknown config key {path!r} in {source}.{hint}")
+                out[key] = value
+                _record(path, value, source, provenance)
+                continue
+            if not prefix and key in free_roots:
+                out[key] = value
+                _record(path, value, source, provenance)
+                continue
+            expected = ref[key]
+            if isinstance(expected, dict):
+                if not isinstance(value, dict):
+                    raise UserError(
+                        f"Config key {path!r} in {source} must be a mapping of keys "
+                        f"(e.g. {path}.<key>=...), got {value!r}."
+                    )
+                child_open = open_ or key == "params" or (
+                    not expected and (prefix != "" or key not in _CLOSED_ROOTS)
+                )
+                out[key] = walk(value, expected, path + ".", child_open)
+            else:
+                out[key] = check_value(path, value, expected, source)
+                _record(path, out[key], source, provenance)
+        return out
+
+    return walk(layer, base, "", False)
+
+
+def suggest_keys(path: str, keys: list[str], n: int = 2) -> list[str]:
+    """The closest full dotted keys to ``path``: a near-spelling, else the same name elsewhere."""
+    def ratio(a: str, b: str) -> float:
+        return difflib.SequenceMatcher(None, a, b).ratio()
+
+    leaf = path.rsplit(".", 1)[-1]
+    depth = path.count(".")
+    scored = sorted(
+        ((ratio(path, k), k) for k in keys
+         if k.count(".") == depth and ratio(leaf, k.rsplit(".", 1)[-1]) >= 0.6),
+        reverse=True,
+    )
+    close = [k for r, k in scored[:n] if r >= 0.75 and r >= scored[0][0] - 0.03]
+    moved = [k for k in keys if k.rsplit(".", 1)[-1] == leaf and k != path]
+    if close and (scored[0][0] >= 0.9 or not moved):
+        return close
+    return moved[:n] or close
+
+
+def _unknown_hint(key: str, path: str, suggest: Callable[[str], str]) -> str:
+    if "." in key:
+        return " Write nested keys in YAML files instead of a dotted key."
+    found = suggest(path)
+    if found:
+        return found
+    if path.startswith(("model_config.", "dataset_config.")):
+        return (" Keys under model_config/dataset_config exist only for the chosen model= and "
+                "datasets= (see their YAMLs); check the name and nesting.")
+    return " Check the spelling against configs/defaults.yaml."
+
+
+def _record(path: str, value: Any, source: str, provenance: Provenance) -> None:
+    if isinstance(value, dict):
+        for key, sub in value.items():
+            _record(f"{path}.{key}", sub, source, provenance)
+    else:
+        provenance[path] = source
+
+
+def check_value(path: str, value: Any, expected: Any, source: str) -> Any:
+    """Check one leaf against the base value ``expected``; return it coerced."""
+    if is_interpolation(value):
+        return value
+    special = _SPECIAL.get(path)
+    if special is not None:
+        special(path, value, source)
+        return float(value) if path == "training.max_epochs" and isinstance(value, str) else value
+    if value is None or expected is None or is_interpolation(expected) or expected == "???":
+        return value
+    if isinstance(expected, list):
+        if isinstance(value, list):
+            return value
+        raise _type_error(path, value, "a list (e.g. [a,b])", source)
+    if isinstance(expected, bool):
+        if isinstance(value, bool):
+            return value
+        raise _type_error(path, value, "true or false", source)
+    if isinstance(expected, int):
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise _type_error(path, value, "an integer", source)
+    if isinstance(expected, float):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)  # "1e-3": a float under YAML 1.2, a string under 1.1
+            except ValueError:
+                pass
+        raise _type_error(path, value, "a number", source)
+    if isinstance(expected, str):
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise _type_error(path, value, "a string", source)
+    return value
+
+
+def _type_error(path: str, value: Any, wanted: str, source: str) -> UserError:
+    shown = "a mapping" if isinstance(value, dict) else repr(value)
+    fix = "fix the command-line value" if source == "command line" else f"fix it in {source}"
+    return UserError(
+        f"Config key {path!r} in {source} must be {wanted}, got {shown} ({type(value).__name__}); {fix}."
+    )
+
+
+def _check_choice(path: str, value: Any, source: str) -> None:
+    allowed = CHOICES[path]
+    if not any(value == a and type(value) is type(a) for a in allowed):
+        names = ", ".join("null" if a is None else str(a).lower() if isinstance(a, bool) else str(a)
+                          for a in allowed)
+        raise UserError(f"Config key {path!r} in {source} must be one of {names}; got {value!r}.")
+
+
+def _check_positive_int(path: str, value: Any, source: str) -> None:
+    if value is None and POSITIVE_INT[path]:
+        return
+    number = value
+    if path == "training.max_epochs" and isinstance(value, (str, float)) and not isinstance(value, bool):
+        try:
+            number = float(value)
+        except ValueError:
+            number = None
+        if number is not None and number > 0:
+            return
+    if isinstance(number, bool) or not isinstance(number, int) or number <= 0:
+        null = " or null" if POSITIVE_INT[path] else ""
+        raise UserError(
+            f"Config key {path!r} in {source} must be a positive integer{null}; got {value!r}."
+        )
+
+
+_SPECIAL: dict[str, Callable[[str, Any, str], None]] = {
+    **{k: _check_choice for k in CHOICES},
+    **{k: _check_positive_int for k in POSITIVE_INT},
+}
+
+
+def _get(tree: dict[str, Any], path: str) -> Any:
+    node: Any = tree
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def check_final(cfg: dict[str, Any], provenance: Provenance) -> None:
+    """Checks on the merged, resolved config (values from YAMLs or interpolations)."""
+    for path, check in _SPECIAL.items():
+        check(path, _get(cfg, path), provenance.get(path, "the merged config"))
+    training = cfg.get("training", {})
+    if training.get("max_updates") is None and training.get("max_epochs") is None:
+        raise UserError(
+            "Both training.max_updates and training.max_epochs are null; set one, "
+            "e.g. training.max_updates=10000."
+        )
+    model = cfg.get("model")
+    if model is not None and not isinstance(model, str):
+        raise UserError(f"Config key 'model' must be a model name, got {model!r}.")
+    datasets = cfg.get("datasets")
+    if not isinstance(datasets, list) or not all(isinstance(d, str) for d in datasets):
+        raise UserError(f"Config key 'datasets' must be a list of dataset names, got {datasets!r}.")
+
+
+def apply_aliases(cfg: dict[str, Any], provenance: Provenance) -> None:
+    """MMF flags that alias other keys: update_frequency, fp16, data_parallel."""
+    training, dist = cfg["training"], cfg["distributed"]
+    freq = training.get("update_frequency")
+    if freq is not None:
+        if training["gradient_accumulation"] not in (1, freq):
+            raise UserError(
+                f"training.update_frequency={freq} ({provenance.get('training.update_frequency')}) "
+                f"conflicts with training.gradient_accumulation={training['gradient_accumulation']}; "
+                f"set only training.gradient_accumulation."
+            )
+        training["gradient_accumulation"] = freq
+    if training.get("fp16"):
+        if training["precision"] == "bf16":
+            raise UserError(
+                "training.fp16=true conflicts with training.precision=bf16; "
+                "drop training.fp16 and set training.precision."
+            )
+        training["precision"] = "fp16"
+    training["fp16"] = training["precision"] == "fp16"
+    if dist.get("data_parallel"):
+        if dist["strategy"] not in ("auto", "dp"):
+            raise UserError(
+                f"distributed.data_parallel=true conflicts with distributed.strategy="
+                f"{dist['strategy']}; drop data_parallel and set distributed.strategy."
+            )
+        dist["strategy"] = "dp"

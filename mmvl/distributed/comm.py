@@ -1,0 +1,147 @@
+"""Collectives every rank calls the same way; each is a no-op at world size 1.
+
+None of these waits forever: a rank that never arrives makes the others fail
+after the process-group timeout (``distributed.timeout_minutes``).
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+import torch.distributed as dist
+
+
+def is_initialized() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def get_rank() -> int:
+    return dist.get_rank() if is_initialized() else 0
+
+
+def get_world_size() -> int:
+    return dist.get_world_size() if is_initialized() else 1
+
+
+def is_main_process() -> bool:
+    return get_rank() == 0
+
+
+def synchronize() -> None:
+    if get_world_size() > 1:
+        dist.barrier()
+
+
+def broadcast(tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
+    """Overwrite ``tensor`` on every rank with rank ``src``'s values (in place; returned)."""
+    if get_world_size() > 1:
+        dist.broadcast(tensor, src=src)
+    return tensor
+
+
+def broadcast_object(obj: Any, src: int = 0) -> Any:
+    if get_world_size() == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def all_gather_object(obj: Any) -> list[Any]:
+    if get_world_size() == 1:
+        return [obj]
+    out: list[Any] = [None] * get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def all_reduce_mean(t: torch.Tensor) -> torch.Tensor:
+    if get_world_size() == 1:
+        return t
+    t = t.clone()
+    dist.all_reduce(t)
+    return t / get_world_size()
+
+
+def all_gather(tensor: torch.Tensor) -> list[torch.Tensor]:
+    """Every rank's ``tensor``, in rank order; first-dimension sizes may differ across ranks.
+
+    Sizes are exchanged first, each tensor is padded to the largest, gathered,
+    and trimmed back. Trailing dimensions and dtype must agree.
+    """
+    world = get_world_size()
+    if world == 1:
+        return [tensor]
+    scalar = tensor.dim() == 0
+    tensor = tensor.contiguous().reshape(1) if scalar else tensor.contiguous()
+    size = torch.tensor([tensor.shape[0]], dtype=torch.long, device=tensor.device)
+    sizes = [torch.zeros_like(size) for _ in range(world)]
+    dist.all_gather(sizes, size)
+    lengths = [int(s.item()) for s in sizes]
+    longest = max(lengths)
+    if tensor.shape[0] < longest:
+        pad = tensor.new_zeros((longest - tensor.shape[0], *tensor.shape[1:]))
+        tensor = torch.cat([tensor, pad])
+    out = [torch.empty_like(tensor) for _ in range(world)]
+    dist.all_gather(out, tensor)
+    trimmed = [t[:n] for t, n in zip(out, lengths)]
+    return [t.reshape(()) for t in trimmed] if scalar else trimmed
+
+
+def reduce_dict(values: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Mean of each scalar over all ranks, returned on every rank (one all_reduce for the dict)."""
+    if not values:
+        return {}
+    keys = sorted(values)
+    stacked = torch.stack([torch.as_tensor(values[k]).detach().float().reshape(()) for k in keys])
+    if get_world_size() > 1:
+        stacked = stacked.clone()
+        dist.all_reduce(stacked)
+        stacked /= get_world_size()
+    return {k: stacked[i] for i, k in enumerate(keys)}
+
+
+def _interleave(parts: list[Any], num_samples: int | None) -> Any:
+    """Rank r holds sampler positions r, r+W, ...: restore the global order, drop the padding."""
+    longest = max(len(p) for p in parts)
+    order = [(r, i) for i in range(longest) for r in range(len(parts)) if i < len(parts[r])]
+    if num_samples is not None:
+        order = order[:num_samples]
+    if isinstance(parts[0], torch.Tensor):
+        if not order:
+            return parts[0][:0]
+        flat = torch.cat(parts)
+        offsets = [0]
+        for p in parts[:-1]:
+            offsets.append(offsets[-1] + len(p))
+        index = torch.tensor([offsets[r] + i for r, i in order], device=flat.device)
+        return flat.index_select(0, index)
+    return [parts[r][i] for r, i in order]
+
+
+def _gather_one(value: Any, num_samples: int | None) -> Any:
+    if isinstance(value, torch.Tensor):
+        if value.dim() == 0:
+            value = value.reshape(1)
+        parts = all_gather(value) if get_world_size() > 1 else [value]
+    elif isinstance(value, (list, tuple)):
+        parts = all_gather_object(list(value))
+    else:
+        raise TypeError(f"gather_for_metrics: cannot gather {type(value).__name__}; use tensors or lists")
+    return _interleave(parts, num_samples)
+
+
+def gather_for_metrics(data: Any, num_samples: int | None) -> Any:
+    """Gather per-rank evaluation results along dim 0 in dataset order, without sampler padding.
+
+    ``data`` is a tensor, a list, or a dict of those, holding this rank's
+    results in its ``DistributedSampler`` order (rank r saw positions r, r+W,
+    ...). The result equals a single-process run over the same
+    ``num_samples`` items: interleaved back and truncated, which drops the
+    duplicates the sampler appended to even out the ranks. Every rank gets the
+    result. ``num_samples=None`` keeps everything.
+    """
+    if isinstance(data, Mapping):
+        gathered = {k: _gather_one(data[k], num_samples) for k in sorted(data)}  # same order on every rank
+        return {k: gathered[k] for k in data}
+    return _gather_one(data, num_samples)

@@ -1,0 +1,171 @@
+"""Join (or skip) the process group: torchrun, SLURM, an explicit ``init_method``, or one process.
+
+Everything a launcher says is read once here and returned as a
+:class:`~mmvl.distributed.env.DistEnv`; nothing else reads rank variables.
+"""
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import random
+from typing import Any, Mapping
+
+import torch
+import torch.distributed as dist
+from omegaconf import DictConfig, OmegaConf
+
+from mmvl.distributed.env import DistEnv
+from mmvl.distributed.slurm import detect_slurm
+from mmvl.errors import UserError
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("auto", "nccl", "gloo", "mpi")
+NCCL_KNOBS = {"nsocks_perthread": "NCCL_NSOCKS_PERTHREAD", "socket_nthreads": "NCCL_SOCKET_NTHREADS"}
+DEFAULT_TIMEOUT_MINUTES = 30.0
+
+
+def config_value(config: Any, key: str, default: Any = None) -> Any:
+    """``config.<key>`` or ``default`` when the key is absent or null (plain dicts accepted)."""
+    if config is None:
+        return default
+    if not isinstance(config, DictConfig):
+        config = OmegaConf.create(config)
+    value = OmegaConf.select(config, key, default=None)
+    return default if value is None else value
+
+
+def device_count() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def export_nccl_env(config: Any) -> dict[str, str]:
+    """Export ``distributed.nccl.*`` knobs as ``NCCL_*`` variables (only those set)."""
+    exported = {}
+    for key, var in NCCL_KNOBS.items():
+        value = config_value(config, f"distributed.nccl.{key}")
+        if value is not None:
+            os.environ[var] = exported[var] = str(value)
+    return exported
+
+
+def _use_cuda(config: Any) -> bool:
+    wanted = str(config_value(config, "training.device", "auto")).lower()
+    return torch.cuda.is_available() and not wanted.startswith("cpu")
+
+
+def _backend(config: Any, cuda: bool) -> str:
+    backend = str(config_value(config, "distributed.backend", "auto")).lower()
+    if backend not in BACKENDS:
+        raise UserError(f"distributed.backend={backend!r} is not one of {', '.join(BACKENDS)}; use auto.")
+    if backend == "auto":
+        return "nccl" if cuda else "gloo"
+    if backend == "nccl" and not cuda:
+        raise UserError("distributed.backend=nccl needs CUDA devices; set distributed.backend=gloo (or auto).")
+    return backend
+
+
+def _launcher(config: Any, env: Mapping[str, str]) -> dict[str, Any] | None:
+    """Rank layout from torchrun, SLURM or ``distributed.init_method``; ``None`` for one process."""
+    if "RANK" in env and "WORLD_SIZE" in env:
+        world = int(env["WORLD_SIZE"])
+        return {"source": "torchrun", "rank": int(env["RANK"]), "world_size": world,
+                "local_rank": int(env.get("LOCAL_RANK", 0)),
+                "local_world_size": int(env.get("LOCAL_WORLD_SIZE", world)), "init_method": "env://"}
+    init_method = config_value(config, "distributed.init_method")
+    slurm = detect_slurm(config_value(config, "distributed.port"), env)
+    if slurm is not None:
+        return {"source": "SLURM", "rank": slurm.rank, "world_size": slurm.world_size,
+                "local_rank": slurm.local_rank, "local_world_size": slurm.local_world_size,
+                "init_method": init_method or f"tcp://{slurm.master_addr}:{slurm.master_port}"}
+    if init_method:
+        world = int(config_value(config, "distributed.world_size", 1))
+        rank = int(config_value(config, "distributed.rank", 0))
+        if world < 1 or not 0 <= rank < world:
+            raise UserError(f"distributed.rank={rank} is outside distributed.world_size={world}; "
+                            "give each process a rank from 0 to world_size-1.")
+        per_node = max(1, device_count())
+        local = int(config_value(config, "distributed.local_rank", rank % per_node))
+        return {"source": "init_method", "rank": rank, "world_size": world, "local_rank": local,
+                "local_world_size": min(per_node, world), "init_method": init_method}
+    return None
+
+
+def check_world_size(config: Any, launched: int) -> None:
+    """A ``distributed.world_size`` the user set must agree with the launcher.
+
+    Values of 1 or ``device_count()`` (the default) count as unset, since a
+    multi-node launcher legitimately starts more processes than one node has GPUs.
+    """
+    configured = config_value(config, "distributed.world_size")
+    if configured is None or launched <= 1:
+        return
+    configured = int(configured)
+    if configured <= 1 or configured == device_count() or configured == launched:
+        return
+    raise UserError(f"distributed.world_size={configured} but the launcher started {launched} processes; "
+                    f"set distributed.world_size={launched}.")
+
+
+def init_distributed(config: Any = None, environ: Mapping[str, str] | None = None) -> DistEnv:
+    """Read the launcher, join the process group when there is more than one process, pick the device."""
+    environ = os.environ if environ is None else environ
+    export_nccl_env(config)
+    cuda = _use_cuda(config)
+    layout = _launcher(config, environ)
+    if layout is None and dist.is_available() and dist.is_initialized():
+        layout = {"source": "existing", "rank": dist.get_rank(), "world_size": dist.get_world_size(),
+                  "local_rank": int(environ.get("LOCAL_RANK", 0)),
+                  "local_world_size": int(environ.get("LOCAL_WORLD_SIZE", dist.get_world_size())),
+                  "init_method": None}
+    if layout is None or layout["world_size"] <= 1:
+        device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+        return DistEnv(device=device)
+    check_world_size(config, layout["world_size"])
+    local_rank = layout["local_rank"]
+    if cuda:
+        if local_rank >= device_count():
+            raise UserError(f"local rank {local_rank} ({layout['source']}) but only {device_count()} CUDA "
+                            f"devices are visible; start at most {device_count()} processes per node.")
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    backend = _backend(config, cuda)
+    if not dist.is_initialized():
+        minutes = float(config_value(config, "distributed.timeout_minutes", DEFAULT_TIMEOUT_MINUTES))
+        log.info("Joining process group: %s rank %d/%d via %s (%s)", layout["source"], layout["rank"],
+                 layout["world_size"], layout["init_method"], backend)
+        dist.init_process_group(backend=backend, init_method=layout["init_method"], rank=layout["rank"],
+                                world_size=layout["world_size"],
+                                timeout=datetime.timedelta(minutes=minutes))
+    else:
+        backend = dist.get_backend()
+    return DistEnv(rank=layout["rank"], world_size=layout["world_size"], local_rank=local_rank,
+                   local_world_size=layout["local_world_size"], device=device, backend=backend)
+
+
+def seed_everything(seed: int, rank: int = 0) -> int:
+    """Seed python, numpy and torch with ``seed + rank`` (per-rank randomness: dropout, augmentation)."""
+    value = (int(seed) + int(rank)) % 2**32
+    random.seed(value)
+    try:
+        import numpy as np
+
+        np.random.seed(value)
+    except ImportError:  # pragma: no cover - numpy is a dependency
+        pass
+    torch.manual_seed(value)
+    return value
+
+
+def seed_for_init(seed: int) -> int:
+    """Seed identically on every rank, so model initialisation matches before wrapping."""
+    return seed_everything(seed, 0)
+
+
+def destroy() -> None:
+    """Leave the process group (no-op when none)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,115 @@
+"""The strategy contract: how a model and its optimizer are spread over devices.
+
+The Engine picks one strategy from ``distributed.strategy`` and calls only
+these methods; the Trainer never looks inside. At world size 1 every strategy
+must leave the model unchanged in behaviour.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
+
+import torch
+from omegaconf import DictConfig
+
+from mmvl.distributed.env import DistEnv
+
+
+class Strategy:
+    """Base strategy: one process, one device, nothing wrapped."""
+
+    name = "single"
+    #: needs an initialised process group (``build_strategy`` falls back to single without one)
+    needs_process_group = False
+    #: applies activation checkpointing itself (the engine then skips ``model.enable_gradient_checkpointing``)
+    handles_gradient_checkpointing = False
+
+    def __init__(self, config: DictConfig, env: DistEnv):
+        self.config = config
+        self.env = env
+
+    # -- set-up -----------------------------------------------------------
+    def wrap(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
+             ) -> tuple[torch.nn.Module, torch.optim.Optimizer | None]:
+        """Wrap/shard ``model`` (already on ``env.device``) and rebuild ``optimizer`` if needed.
+
+        A strategy that replaces parameters (FSDP) or shards optimizer state
+        (ZeRO) builds the new optimizer from ``type(optimizer)``, its
+        ``param_groups`` and ``defaults``.
+        """
+        return model, optimizer
+
+    @staticmethod
+    def param_groups(optimizer: torch.optim.Optimizer,
+                     remap: dict[int, torch.nn.Parameter] | None = None) -> list[dict[str, Any]]:
+        """``optimizer``'s groups as constructor input, hyper-parameters kept.
+
+        ``remap`` maps ``id(old_param)`` to the parameter that replaces it
+        (FSDP swaps parameters for sharded ones).
+        """
+        groups = []
+        for group in optimizer.param_groups:
+            params = [remap[id(p)] if remap is not None else p for p in group["params"]]
+            groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": params})
+        return groups
+
+    def make_grad_scaler(self, enabled: bool) -> Any:
+        """The fp16 loss scaler for this strategy (``None`` when disabled)."""
+        if not enabled:
+            return None
+        return torch.amp.GradScaler(self.env.device.type)
+
+    def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        return model
+
+    # -- per step ---------------------------------------------------------
+    @contextlib.contextmanager
+    def no_sync(self, model: torch.nn.Module) -> Iterator[None]:
+        """Context for non-boundary micro-steps: skip gradient communication."""
+        yield
+
+    def zero_grad(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        """Drop gradients before an update's first micro-step (wrappers owning grad buffers override)."""
+        optimizer.zero_grad(set_to_none=True)
+
+    def clip_grad_norm_(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                        max_norm: float) -> torch.Tensor:
+        """Clip and return the *global* gradient norm (over all shards/ranks)."""
+        params = [p for p in model.parameters() if p.grad is not None]
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+
+    # -- state --------------------------------------------------------------
+    def model_state_dict(self, model: torch.nn.Module) -> dict[str, Any]:
+        """Full (unsharded) model state, valid on rank 0 at least."""
+        return self.unwrap(model).state_dict()
+
+    def load_model_state_dict(self, model: torch.nn.Module, state: dict[str, Any]) -> None:
+        """Load a full state; a mismatched checkpoint raises a UserError listing keys."""
+        from mmvl.checkpoint import load_model_state
+
+        load_model_state(self.unwrap(model), state)
+
+    def optimizer_state_dict(self, model: torch.nn.Module,
+                             optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """Full optimizer state (consolidated on rank 0 for sharded optimizers)."""
+        return optimizer.state_dict()
+
+    def load_optimizer_state_dict(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                                  state: dict[str, Any]) -> None:
+        """Load a full optimizer state, re-sharding it if this strategy shards."""
+        optimizer.load_state_dict(state)
+
+    @property
+    def sharded_checkpoint(self) -> bool:
+        """True when each rank writes its own part of a checkpoint."""
+        return False
+
+    def save_sharded_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
+                           directory: str) -> None:
+        """Every rank writes its shard of model+optimizer state under ``directory``."""
+        raise NotImplementedError(f"strategy {self.name!r} writes full checkpoints only")
+
+    def load_sharded_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
+                           directory: str) -> None:
+        """Every rank reads its shard back (any world size; re-sharded on load)."""
+        raise NotImplementedError(f"strategy {self.name!r} reads full checkpoints only")

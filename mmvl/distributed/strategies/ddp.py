@@ -1,0 +1,52 @@
+"""``DistributedDataParallel``: one process per device, gradients all-reduced in buckets."""
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from mmvl.distributed.init import config_value
+from mmvl.distributed.strategies.base import Strategy
+from mmvl.registry import register_strategy
+
+
+def ddp_options(config) -> dict:
+    """DDP keyword arguments from ``distributed.*`` (``training.find_unused_parameters`` also read)."""
+    find_unused = config_value(config, "distributed.find_unused_parameters",
+                               config_value(config, "training.find_unused_parameters", False))
+    return {
+        "find_unused_parameters": bool(find_unused),
+        "static_graph": bool(config_value(config, "distributed.static_graph", False)),
+        "bucket_cap_mb": float(config_value(config, "distributed.bucket_cap_mb", 25)),
+        "gradient_as_bucket_view": bool(config_value(config, "distributed.gradient_as_bucket_view", False)),
+    }
+
+
+def wrap_ddp(model: torch.nn.Module, config, env) -> DistributedDataParallel:
+    device_ids = [env.local_rank] if env.device.type == "cuda" else None
+    return DistributedDataParallel(model, device_ids=device_ids, **ddp_options(config))
+
+
+@register_strategy("ddp")
+class DDPStrategy(Strategy):
+    """Replicated model and optimizer; every rank holds the full, averaged gradient.
+
+    Clipping therefore needs no extra communication: the local norm is the
+    global one.
+    """
+
+    name = "ddp"
+    needs_process_group = True
+
+    def wrap(self, model, optimizer):
+        return wrap_ddp(model, self.config, self.env), optimizer
+
+    def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        return model.module if isinstance(model, DistributedDataParallel) else model
+
+    @contextlib.contextmanager
+    def no_sync(self, model: torch.nn.Module) -> Iterator[None]:
+        with model.no_sync():
+            yield

@@ -1,0 +1,177 @@
+"""FSDP2 (``torch.distributed.fsdp.fully_shard``): parameters, gradients and optimizer state sharded.
+
+``model.shard_units()`` (e.g. transformer layers) are sharded one by one, then
+the root. Parameters become DTensors, so the optimizer is rebuilt on them.
+Full checkpoints use the plain torch format (integer-indexed optimizer state),
+so they load under any strategy and world size; the sharded form goes through
+``torch.distributed.checkpoint`` (DCP) and re-shards on load.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
+
+import torch
+
+from mmvl.distributed.init import config_value
+from mmvl.distributed.strategies.base import Strategy
+from mmvl.errors import UserError
+from mmvl.registry import register_strategy
+
+_PRECISIONS = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "bf16-mixed": torch.bfloat16,
+               "fp16": torch.float16, "float16": torch.float16, "16": torch.float16, "16-mixed": torch.float16,
+               "fp32": None, "float32": None, "32": None, "tf32": None}
+
+
+def precision_dtype(config: Any) -> torch.dtype | None:
+    """Low-precision compute dtype named by ``training.precision`` (``None`` for fp32)."""
+    name = str(config_value(config, "training.precision", "fp32")).lower()
+    if name not in _PRECISIONS:
+        raise UserError(f"training.precision={name!r} is not one of fp32, bf16, fp16.")
+    return _PRECISIONS[name]
+
+
+def _state_options(full: bool):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, cpu_offload=True) if full else StateDictOptions()
+
+
+def _param_names(model: torch.nn.Module) -> dict[int, str]:
+    return {id(p): name for name, p in model.named_parameters()}
+
+
+def _index_form(state: dict[str, Any]) -> dict[str, Any]:
+    """FQN-keyed optimizer state -> torch's integer-indexed form (indices in param-group order)."""
+    index: dict[str, int] = {}
+    groups = []
+    for group in state["param_groups"]:
+        ids = [index.setdefault(fqn, len(index)) for fqn in group["params"]]
+        groups.append({**group, "params": ids})
+    return {"state": {index[fqn]: value for fqn, value in state["state"].items()}, "param_groups": groups}
+
+
+def _fqn_form(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> dict[str, Any]:
+    """Integer-indexed optimizer state -> FQN keys, following this optimizer's parameter order."""
+    names = _param_names(model)
+    order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+    if len(order) != sum(len(g["params"]) for g in state["param_groups"]):
+        raise UserError(f"The checkpoint's optimizer state covers {sum(len(g['params']) for g in state['param_groups'])}"
+                        f" parameters but this model's optimizer has {len(order)}; resume with the same model config.")
+
+    def fqn(key: Any) -> str:
+        return key if isinstance(key, str) else order[key]
+
+    return {"state": {fqn(k): v for k, v in state["state"].items()},
+            "param_groups": [{**g, "params": [fqn(k) for k in g["params"]]} for g in state["param_groups"]]}
+
+
+@register_strategy("fsdp")
+class FSDPStrategy(Strategy):
+    """Fully sharded data parallel (FSDP2) with optional mixed precision and activation checkpointing."""
+
+    name = "fsdp"
+    needs_process_group = True
+    handles_gradient_checkpointing = True
+
+    def wrap(self, model, optimizer):
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        dtype = precision_dtype(self.config)
+        policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype else \
+            MixedPrecisionPolicy()
+        mesh = init_device_mesh(self.env.device.type, (self.env.world_size,))
+        units = list(model.shard_units()) if hasattr(model, "shard_units") else []
+        if config_value(self.config, "training.gradient_checkpointing", False):
+            if units:
+                from torch.distributed._composable import checkpoint
+
+                for unit in units:
+                    checkpoint(unit)
+            elif hasattr(model, "enable_gradient_checkpointing"):
+                model.enable_gradient_checkpointing()
+        reshard = bool(config_value(self.config, "distributed.reshard_after_forward", True))
+        old_names = _param_names(model)
+        for unit in units:
+            fully_shard(unit, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
+        fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
+        if optimizer is not None:
+            new_params = dict(model.named_parameters())
+            missing = [id_ for id_ in (id(p) for g in optimizer.param_groups for p in g["params"])
+                       if id_ not in old_names]
+            if missing:
+                raise UserError("The optimizer holds parameters that are not in the model; "
+                                "build the optimizer from model.parameters() before fsdp wraps it.")
+            remap = {id_: new_params[name] for id_, name in old_names.items()}
+            optimizer = type(optimizer)(self.param_groups(optimizer, remap), **optimizer.defaults)
+        return model, optimizer
+
+    @contextlib.contextmanager
+    def no_sync(self, model: torch.nn.Module) -> Iterator[None]:
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+
+    def clip_grad_norm_(self, model, optimizer, max_norm: float) -> torch.Tensor:
+        """Clip with the norm over all shards; returns it as a plain (replicated) tensor."""
+        params = [p for p in model.parameters() if p.grad is not None]
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+
+    # -- full (portable) state: collectives, call on every rank --------------------------------
+    def model_state_dict(self, model) -> dict[str, Any]:
+        """Full model state on rank 0 (CPU); ``{}`` on the others."""
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        return get_model_state_dict(model, options=_state_options(full=True))
+
+    def load_model_state_dict(self, model, state) -> None:
+        """Load a full state dict given on every rank; each rank keeps its shard."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        set_model_state_dict(model, dict(state), options=StateDictOptions(full_state_dict=True))
+
+    def optimizer_state_dict(self, model, optimizer) -> dict[str, Any]:
+        """Full optimizer state in torch's integer-indexed form on rank 0; ``{}`` on the others."""
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        state = get_optimizer_state_dict(model, optimizer, options=_state_options(full=True))
+        return _index_form(state) if self.env.rank == 0 else {}
+
+    def load_optimizer_state_dict(self, model, optimizer, state) -> None:
+        """Load a full optimizer state (integer- or FQN-keyed) given on every rank."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        set_optimizer_state_dict(model, optimizer, _fqn_form(model, optimizer, state),
+                                 options=StateDictOptions(full_state_dict=True))
+
+    # -- sharded state: each rank writes/reads its own part -----------------------------------
+    @property
+    def sharded_checkpoint(self) -> bool:
+        return bool(config_value(self.config, "distributed.sharded_checkpoint", False))
+
+    def _sharded(self, model, optimizer) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+        state = {"model": get_model_state_dict(model)}
+        if optimizer is not None:
+            state["optimizer"] = get_optimizer_state_dict(model, optimizer)
+        return state
+
+    def save_sharded_state(self, model, optimizer, directory: str) -> None:
+        import torch.distributed.checkpoint as dcp
+
+        dcp.save(self._sharded(model, optimizer), checkpoint_id=directory)
+
+    def load_sharded_state(self, model, optimizer, directory: str) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+        state = self._sharded(model, optimizer)
+        dcp.load(state, checkpoint_id=directory)
+        set_model_state_dict(model, state["model"])
+        if optimizer is not None:
+            set_optimizer_state_dict(model, optimizer, state["optimizer"])

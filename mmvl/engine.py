@@ -1,0 +1,331 @@
+"""Engine: device, precision and parallel strategy behind a few calls.
+
+Usable on its own from research code, the way Accelerate users write loops::
+
+    engine = Engine(precision="bf16", gradient_accumulation=4)
+    model, optimizer, loader = engine.prepare(model, optimizer, loader)
+    for batch in loader:
+        with engine.accumulate(model):
+            with engine.autocast():
+                loss = model(batch)["loss"]
+            engine.backward(loss)
+            engine.clip_grad_norm_(model, 1.0)
+            optimizer.step()        # a no-op until the accumulation boundary
+            optimizer.zero_grad()
+
+The Trainer is built on the same object, so both paths share one
+implementation of precision, accumulation and strategy handling.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from mmvl.data.sample import to_device
+from mmvl.distributed import comm
+from mmvl.distributed.env import DistEnv
+from mmvl.distributed.strategies.base import Strategy
+from mmvl.errors import UserError
+
+PRECISIONS = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+class PreparedOptimizer:
+    """Wraps an optimizer so ``step``/``zero_grad`` act only at accumulation boundaries.
+
+    Under fp16 the step goes through the grad scaler. Everything else is
+    forwarded to the wrapped optimizer.
+    """
+
+    def __init__(self, engine: "Engine", optimizer: torch.optim.Optimizer):
+        self.engine = engine
+        self.optimizer = optimizer
+        self.step_was_skipped = False
+
+    def step(self, closure: Any = None) -> None:
+        if not self.engine.sync_gradients:
+            return
+        scaler = self.engine.scaler
+        if scaler is None:
+            self.optimizer.step(closure)
+            self.step_was_skipped = False
+            return
+        if not self.engine._unscaled:
+            scaler.unscale_(self.optimizer)
+        scale = scaler.get_scale()
+        scaler.step(self.optimizer)
+        scaler.update()
+        self.step_was_skipped = scaler.get_scale() < scale
+        self.engine._unscaled = False
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        if self.engine.sync_gradients:
+            self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state)
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self.optimizer.param_groups
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.optimizer, name)
+
+
+class PreparedScheduler:
+    """Steps the LR schedule once per optimizer update, never per micro-step or per rank."""
+
+    def __init__(self, engine: "Engine", scheduler: Any):
+        self.engine = engine
+        self.scheduler = scheduler
+
+    def step(self) -> None:
+        if self.engine.sync_gradients:
+            self.scheduler.step()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.scheduler, name)
+
+
+class Engine:
+    """Owns device, precision, gradient accumulation and the parallel strategy."""
+
+    def __init__(self, config: DictConfig | None = None, *, env: DistEnv | None = None,
+                 precision: str | None = None, gradient_accumulation: int | None = None,
+                 strategy: str | Strategy | None = None):
+        config = config if config is not None else OmegaConf.create({})
+        training = config.get("training", {}) or {}
+        self.config = config
+        self.env = env or _env_from_process_group()
+        self.precision = precision or training.get("precision", "fp32")
+        if training.get("fp16") and precision is None:
+            self.precision = "fp16"
+        if self.precision not in PRECISIONS:
+            raise UserError(f"training.precision={self.precision!r} is not one of "
+                            f"{sorted(PRECISIONS)}; use fp32, fp16 or bf16.")
+        k = gradient_accumulation or training.get("gradient_accumulation", 1) or 1
+        if int(k) < 1:
+            raise UserError(f"training.gradient_accumulation={k} must be >= 1.")
+        self.gradient_accumulation = int(k)
+        self.strategy = strategy if isinstance(strategy, Strategy) else _build_strategy(
+            config, self.env, strategy)
+        self.scaler = self.strategy.make_grad_scaler(self.precision == "fp16")
+        self.sync_gradients = True
+        self._micro_step = 0
+        self._unscaled = False
+        self._prepared: dict[str, Any] = {}
+
+    # -- properties ---------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return self.env.device
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.env.is_main_process
+
+    @property
+    def rank(self) -> int:
+        return self.env.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.env.world_size
+
+    # -- set-up ---------------------------------------------------------------
+    def prepare(self, *objs: Any) -> Any:
+        """Move/wrap models, wrap optimizers, schedulers and data loaders, in the order given."""
+        model = next((o for o in objs if isinstance(o, torch.nn.Module)), None)
+        optimizer = next((o for o in objs if isinstance(o, torch.optim.Optimizer)), None)
+        wrapped_model, new_opt = None, None
+        if model is not None:
+            wrapped_model, new_opt = self.strategy.wrap(model.to(self.device), optimizer)
+            self._prepared["model"] = wrapped_model
+        out = []
+        for o in objs:
+            if o is model and model is not None:
+                out.append(wrapped_model)
+            elif isinstance(o, torch.optim.Optimizer):
+                inner = new_opt if (o is optimizer and new_opt is not None) else o
+                prepared = PreparedOptimizer(self, inner)
+                self._prepared["optimizer"] = prepared
+                out.append(prepared)
+            elif isinstance(o, torch.optim.lr_scheduler.LRScheduler):
+                if new_opt is not None and o.optimizer is optimizer:
+                    _rebind_scheduler(o, new_opt)
+                prepared = PreparedScheduler(self, o)
+                self._prepared["scheduler"] = prepared
+                out.append(prepared)
+            elif isinstance(o, torch.utils.data.DataLoader):
+                out.append(DeviceLoader(self._shard_loader(o), self.device))
+            else:
+                out.append(o)
+        return out[0] if len(out) == 1 else tuple(out)
+
+    def _shard_loader(self, loader: torch.utils.data.DataLoader) -> torch.utils.data.DataLoader:
+        """Give each rank its own part of the data (a DistributedSampler), keeping batch size."""
+        if self.world_size == 1 or isinstance(loader.sampler, torch.utils.data.DistributedSampler):
+            return loader
+        shuffle = isinstance(loader.sampler, torch.utils.data.RandomSampler)
+        sampler = torch.utils.data.DistributedSampler(
+            loader.dataset, num_replicas=self.world_size, rank=self.rank, shuffle=shuffle)
+        return torch.utils.data.DataLoader(
+            loader.dataset, batch_size=loader.batch_size, sampler=sampler,
+            num_workers=loader.num_workers, collate_fn=loader.collate_fn,
+            pin_memory=loader.pin_memory, drop_last=loader.drop_last)
+
+    # -- per step ---------------------------------------------------------
+    @contextlib.contextmanager
+    def accumulate(self, model: torch.nn.Module) -> Iterator[None]:
+        """One micro-step; gradients are communicated only on the last of each group."""
+        self._micro_step += 1
+        self.sync_gradients = self._micro_step % self.gradient_accumulation == 0
+        ctx = contextlib.nullcontext() if self.sync_gradients else self.strategy.no_sync(model)
+        with ctx:
+            yield
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        dtype = PRECISIONS[self.precision]
+        if dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=dtype)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward of ``loss / gradient_accumulation``, through the scaler under fp16."""
+        if self.gradient_accumulation > 1:
+            loss = loss / self.gradient_accumulation
+        if self.scaler is not None:
+            loss = self.scaler.scale(loss)
+        loss.backward()
+
+    def clip_grad_norm_(self, model: torch.nn.Module, max_norm: float,
+                        optimizer: PreparedOptimizer | None = None) -> torch.Tensor | None:
+        """Unscale (fp16) and clip at the boundary; returns the global norm (None off-boundary)."""
+        if not self.sync_gradients:
+            return None
+        opt = optimizer or self._prepared.get("optimizer")
+        inner = opt.optimizer if isinstance(opt, PreparedOptimizer) else opt
+        if self.scaler is not None and not self._unscaled:
+            self.scaler.unscale_(inner)
+            self._unscaled = True
+        return self.strategy.clip_grad_norm_(model, inner, float(max_norm))
+
+    def to_device(self, batch: Any) -> Any:
+        return to_device(batch, self.device)
+
+    # -- collectives ------------------------------------------------------------
+    def gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Every rank's ``tensor`` concatenated along dim 0 (scalars are stacked)."""
+        parts = comm.all_gather(tensor.reshape(1) if tensor.dim() == 0 else tensor)
+        return torch.cat(parts)
+
+    def gather_for_metrics(self, data: Any, num_samples: int) -> Any:
+        return comm.gather_for_metrics(data, num_samples)
+
+    def wait_for_everyone(self) -> None:
+        comm.synchronize()
+
+    def unwrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        return self.strategy.unwrap(model)
+
+    # -- state --------------------------------------------------------------------
+    def state_dict(self, model: torch.nn.Module, optimizer: Any = None,
+                   scheduler: Any = None) -> dict[str, Any]:
+        """Model/optimizer/scaler/scheduler state, consolidated to full tensors."""
+        inner = optimizer.optimizer if isinstance(optimizer, PreparedOptimizer) else optimizer
+        sched = scheduler.scheduler if isinstance(scheduler, PreparedScheduler) else scheduler
+        state: dict[str, Any] = {"model": self.strategy.model_state_dict(model)}
+        if inner is not None:
+            state["optimizer"] = self.strategy.optimizer_state_dict(model, inner)
+        if self.scaler is not None:
+            state["scaler"] = self.scaler.state_dict()
+        if sched is not None:
+            state["scheduler"] = sched.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any], model: torch.nn.Module,
+                        optimizer: Any = None, scheduler: Any = None) -> None:
+        self.strategy.load_model_state_dict(model, state["model"])
+        inner = optimizer.optimizer if isinstance(optimizer, PreparedOptimizer) else optimizer
+        if inner is not None and state.get("optimizer") is not None:
+            self.strategy.load_optimizer_state_dict(model, inner, state["optimizer"])
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        sched = scheduler.scheduler if isinstance(scheduler, PreparedScheduler) else scheduler
+        if sched is not None and state.get("scheduler") is not None:
+            sched.load_state_dict(state["scheduler"])
+
+    def save_state(self, path: str) -> None:
+        """Save what ``prepare`` saw (model, optimizer, scaler, scheduler, RNG) to one file."""
+        from mmvl.checkpoint import atomic_save
+        from mmvl.utils.rng import get_rng_state
+
+        state = self.state_dict(self._prepared["model"], self._prepared.get("optimizer"),
+                                self._prepared.get("scheduler"))
+        state["rng"] = comm.all_gather_object(get_rng_state())
+        if self.is_main_process:
+            atomic_save(state, path)
+        self.wait_for_everyone()
+
+    def load_state(self, path: str) -> None:
+        from mmvl.checkpoint import safe_load
+        from mmvl.utils.rng import set_rng_state
+
+        state = safe_load(path)
+        self.load_state_dict(state, self._prepared["model"], self._prepared.get("optimizer"),
+                             self._prepared.get("scheduler"))
+        rngs = state.get("rng") or []
+        if len(rngs) == self.world_size:
+            set_rng_state(rngs[self.rank])
+
+
+class DeviceLoader:
+    """Iterates a DataLoader and moves each batch to the device."""
+
+    def __init__(self, loader: torch.utils.data.DataLoader, device: torch.device):
+        self.loader = loader
+        self.device = device
+
+    def __iter__(self) -> Iterator[Any]:
+        for batch in self.loader:
+            yield to_device(batch, self.device)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.loader, name)
+
+
+def _rebind_scheduler(scheduler: Any, optimizer: torch.optim.Optimizer) -> None:
+    for group, base_lr in zip(optimizer.param_groups, scheduler.base_lrs):
+        group.setdefault("initial_lr", base_lr)
+    scheduler.optimizer = optimizer
+
+
+def _env_from_process_group() -> DistEnv:
+    """The DistEnv of an already-initialised process (research code that ran torchrun itself)."""
+    import os
+
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    device = torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
+    return DistEnv(rank=comm.get_rank(), world_size=comm.get_world_size(), local_rank=local_rank,
+                   device=device, backend=(torch.distributed.get_backend()
+                                           if comm.is_initialized() else None))
+
+
+def _build_strategy(config: DictConfig, env: DistEnv, name: str | None) -> Strategy:
+    try:
+        from mmvl.distributed.strategies import build_strategy
+    except ImportError:  # the strategies package is optional at import time
+        return Strategy(config, env)
+    if name is not None:
+        config = OmegaConf.merge(config, {"distributed": {"strategy": name}})
+    return build_strategy(config, env)

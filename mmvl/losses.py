@@ -1,0 +1,194 @@
+"""Registered losses and the helpers the trainer uses to apply them.
+
+A loss is ``cls(**params)``; its instance is called ``loss(batch, output)`` and
+returns a scalar tensor averaged over the batch. Losses read
+``output["scores"]`` and ``batch["targets"]`` so models and datasets only have
+to agree on those two names.
+"""
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from mmvl.errors import UserError
+from mmvl.registry import LOSSES, register_loss
+
+
+class Loss:
+    """Base class: checks the tensors it needs exist and names the loss in errors."""
+
+    name = "loss"
+
+    def _get(self, batch: Mapping[str, Any], output: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        if "scores" not in output:
+            raise UserError(
+                f"loss {self.name!r} needs output['scores'] but the model returned keys "
+                f"{sorted(output)}; return 'scores' from forward() or drop this loss from losses:."
+            )
+        if "targets" not in batch:
+            raise UserError(
+                f"loss {self.name!r} needs batch['targets'] but the batch has keys {sorted(batch)}; "
+                "the dataset must yield 'targets' (or remove this loss for this dataset)."
+            )
+        return output["scores"], batch["targets"]
+
+    def __call__(self, batch: Mapping[str, Any], output: Mapping[str, Any]) -> torch.Tensor:  # pragma: no cover
+        raise NotImplementedError
+
+
+@register_loss("cross_entropy")
+class CrossEntropyLoss(Loss):
+    """Softmax cross entropy against class indices ``targets`` (long, shape [N])."""
+
+    name = "cross_entropy"
+
+    def __init__(self, ignore_index: int = -100, label_smoothing: float = 0.0,
+                 weight: Sequence[float] | None = None):
+        self.ignore_index = int(ignore_index)
+        self.label_smoothing = float(label_smoothing)
+        self.weight = torch.tensor(list(weight), dtype=torch.float) if weight is not None else None
+
+    def __call__(self, batch: Mapping[str, Any], output: Mapping[str, Any]) -> torch.Tensor:
+        scores, targets = self._get(batch, output)
+        if targets.dim() == scores.dim() and targets.dtype.is_floating_point:
+            raise UserError(
+                f"loss 'cross_entropy' got float targets of shape {tuple(targets.shape)}; it expects class "
+                "indices (long, [N]). Use 'soft_label_cross_entropy' or 'logit_bce' for soft targets."
+            )
+        weight = self.weight.to(scores.device, scores.dtype) if self.weight is not None else None
+        return F.cross_entropy(scores, targets.long(), weight=weight, ignore_index=self.ignore_index,
+                               label_smoothing=self.label_smoothing)
+
+
+@register_loss("logit_bce")
+class LogitBinaryCrossEntropy(Loss):
+    """Sigmoid BCE against float targets in [0, 1] (e.g. VQA soft answer scores).
+
+    Like MMF, the element-wise mean is multiplied by the number of classes, so the
+    value is the per-sample *sum* over classes averaged over the batch; this keeps
+    the gradient scale independent of the answer vocabulary size and makes MMF
+    learning rates transfer unchanged.
+    """
+
+    name = "logit_bce"
+
+    def __call__(self, batch: Mapping[str, Any], output: Mapping[str, Any]) -> torch.Tensor:
+        scores, targets = self._get(batch, output)
+        if targets.shape != scores.shape:
+            raise UserError(
+                f"loss 'logit_bce' needs targets shaped like scores {tuple(scores.shape)}, got "
+                f"{tuple(targets.shape)}; give the dataset soft/multi-hot targets or use 'cross_entropy'."
+            )
+        loss = F.binary_cross_entropy_with_logits(scores, targets.to(scores.dtype), reduction="mean")
+        return loss * targets.size(1)
+
+
+@register_loss("soft_label_cross_entropy")
+class SoftLabelCrossEntropy(Loss):
+    """Cross entropy against a target distribution ``-sum_c t_c log softmax(s)_c``.
+
+    Targets may be [N, C] soft labels (rows summing to 0 are ignored) or [N]
+    class indices (``ignore_index`` rows ignored). With ``normalize_targets``
+    each row is divided by its sum first, so multi-hot labels become uniform
+    distributions. The mean runs over the rows that are not ignored.
+    """
+
+    name = "soft_label_cross_entropy"
+
+    def __init__(self, normalize_targets: bool = True, ignore_index: int = -100):
+        self.normalize_targets = bool(normalize_targets)
+        self.ignore_index = int(ignore_index)
+
+    def __call__(self, batch: Mapping[str, Any], output: Mapping[str, Any]) -> torch.Tensor:
+        scores, targets = self._get(batch, output)
+        if targets.dim() == 1:
+            keep = targets.ne(self.ignore_index)
+            dense = torch.zeros_like(scores)
+            dense[keep] = F.one_hot(targets[keep].long(), scores.size(1)).to(scores.dtype)
+            targets = dense
+        else:
+            targets = targets.to(scores.dtype)
+            keep = targets.sum(-1).ne(0)
+        if self.normalize_targets:
+            targets = targets / targets.sum(-1, keepdim=True).clamp(min=torch.finfo(scores.dtype).tiny)
+        per_sample = -(targets * F.log_softmax(scores, dim=-1)).sum(-1)
+        return per_sample.sum() / keep.sum().clamp(min=1)
+
+
+def _instantiate(kind: str, name: str, cls: Any, params: Mapping[str, Any], where: str) -> Any:
+    """``cls(**params)`` with a one-line UserError naming the bad key."""
+    try:
+        inspect.signature(cls).bind(**params)
+    except TypeError as e:
+        accepted = [p for p in inspect.signature(cls).parameters if p not in ("self", "args", "kwargs")]
+        raise UserError(f"{kind} {name!r}: bad {where} {dict(params)} ({e}); accepted keys: {accepted}.") from None
+    return cls(**params)
+
+
+def _plain(value: Any) -> Any:
+    """OmegaConf containers -> plain Python (without importing omegaconf eagerly)."""
+    if type(value).__module__.startswith("omegaconf"):
+        from omegaconf import OmegaConf
+
+        return OmegaConf.to_container(value, resolve=True)
+    return value
+
+
+def _type_and_params(entry: Any, kind: str) -> tuple[str, dict[str, Any]]:
+    entry = _plain(entry)
+    if isinstance(entry, str):
+        return entry, {}
+    if isinstance(entry, Mapping) and "type" in entry:
+        unknown = set(entry) - {"type", "params"}
+        if unknown:
+            raise UserError(f"{kind} entry {entry} has unknown keys {sorted(unknown)}; use 'type' and 'params'.")
+        return str(entry["type"]), dict(entry.get("params") or {})
+    raise UserError(f"bad {kind} entry {entry!r}; write a name or {{type: <name>, params: {{...}}}}.")
+
+
+def build_losses(loss_configs: Sequence[Any] | None) -> list[tuple[str, Loss]]:
+    """``[{type, params}, ...]`` (or plain names) -> ``[(name, loss), ...]``.
+
+    Names are the types; a repeated type gets ``_1``, ``_2``... so every entry
+    in the logged loss dict is distinct.
+    """
+    out: list[tuple[str, Loss]] = []
+    seen: dict[str, int] = {}
+    for entry in _plain(loss_configs) or []:
+        type_, params = _type_and_params(entry, "loss")
+        loss = _instantiate("loss", type_, LOSSES.get(type_), params, "params")
+        count = seen.get(type_, 0)
+        seen[type_] = count + 1
+        out.append((type_ if count == 0 else f"{type_}_{count}", loss))
+    return out
+
+
+def compute_losses(losses: Sequence[tuple[str, Any]], batch: Mapping[str, Any],
+                   output: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """Every configured loss plus any ``output["losses"]`` the model returned.
+
+    Model-computed losses come first; a name used by both is an error rather
+    than a silent overwrite. The trainer sums the values for backward; an empty
+    dict means there is nothing to optimise (the trainer should say so in training).
+    """
+    result: dict[str, torch.Tensor] = {}
+    model_losses = output.get("losses")
+    if model_losses is not None:
+        if not isinstance(model_losses, Mapping):
+            raise UserError(f"model output['losses'] must be a dict of name -> scalar tensor, got "
+                            f"{type(model_losses).__name__}.")
+        for name, value in model_losses.items():
+            if not isinstance(value, torch.Tensor) or value.numel() != 1:
+                raise UserError(f"model output['losses'][{name!r}] must be a scalar tensor, got "
+                                f"{tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__}.")
+            result[str(name)] = value.reshape(())
+    for name, loss in losses:
+        if name in result:
+            raise UserError(f"loss {name!r} is both returned by the model in output['losses'] and listed "
+                            "in losses:; remove one of them.")
+        result[name] = loss(batch, output)
+    return result

@@ -1,0 +1,6 @@
+"""Registered models; importing this package registers them."""
+from mmvl.models import visual_bert  # noqa: F401  (registers visual_bert)
+from mmvl.models.base import BaseModel
+from mmvl.models.visual_bert import VisualBert
+
+__all__ = ["BaseModel", "VisualBert"]

@@ -1,0 +1,233 @@
+"""Optimizer and LR scheduler builders.
+
+``optimizer: {type, params, lr_scaling}`` builds a registered optimizer (or any
+``torch.optim`` class by name, case-insensitive). Weight decay goes only to
+weight matrices: biases and the parameters of normalisation layers (LayerNorm,
+GroupNorm, BatchNorm, RMSNorm, anything whose class name contains "Norm") land
+in a ``no_decay`` group with ``weight_decay=0``, as in BERT-style training and
+MMF's transformer models. Embedding tables do decay (also the BERT convention).
+A model that needs its own grouping (e.g. a lower LR for a pretrained encoder)
+defines ``get_optimizer_parameters(config) -> list[param group dict]``.
+
+Schedulers are ``LambdaLR``s stepped once per update, so their state dict is
+plain numbers and survives ``weights_only`` checkpoint loading.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from mmvl.errors import UserError, did_you_mean
+from mmvl.losses import _plain
+from mmvl.registry import OPTIMIZERS, SCHEDULERS, register_optimizer, register_scheduler
+
+register_optimizer("adam_w", torch.optim.AdamW)
+
+LR_SCALINGS = ("linear", "sqrt")
+#: global batch size at which the configured lr is used unchanged
+LR_SCALING_BASE_BATCH_SIZE = 256
+
+
+def _get(config: Any, dotted: str, default: Any = None) -> Any:
+    """``config.a.b`` for DictConfig or plain dicts; ``default`` when absent."""
+    node = config
+    for part in dotted.split("."):
+        if node is None:
+            return default
+        node = node.get(part, None) if isinstance(node, Mapping) else getattr(node, part, None)
+    return default if node is None else node
+
+
+def _is_norm(module: torch.nn.Module) -> bool:
+    norm_types = (torch.nn.LayerNorm, torch.nn.GroupNorm, torch.nn.modules.batchnorm._NormBase,
+                  getattr(torch.nn, "RMSNorm", torch.nn.LayerNorm))
+    return isinstance(module, norm_types) or "Norm" in type(module).__name__
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float | None = None) -> list[dict[str, Any]]:
+    """Split trainable parameters into decay / no_decay groups (empty groups dropped).
+
+    ``weight_decay=None`` leaves the decay group on the optimizer's default.
+    """
+    decay, no_decay, seen = [], [], set()
+    for module in model.modules():
+        for name, p in module.named_parameters(recurse=False):
+            if not p.requires_grad or id(p) in seen:
+                continue
+            seen.add(id(p))
+            (no_decay if _is_norm(module) or name.endswith("bias") else decay).append(p)
+    decay_group: dict[str, Any] = {"params": decay, "group": "decay"}
+    if weight_decay is not None:
+        decay_group["weight_decay"] = float(weight_decay)
+    groups = [decay_group, {"params": no_decay, "weight_decay": 0.0, "group": "no_decay"}]
+    return [g for g in groups if g["params"]]
+
+
+def scaled_lr(base_lr: float, scaling: str | None, global_batch_size: int | None) -> float:
+    """``linear``: lr * B / 256; ``sqrt``: lr * sqrt(B / 256); None: unchanged."""
+    if scaling in (None, "none", "null"):
+        return base_lr
+    if scaling not in LR_SCALINGS:
+        raise UserError(f"optimizer.lr_scaling={scaling!r} is unknown.{did_you_mean(str(scaling), LR_SCALINGS)} "
+                        f"Use one of {list(LR_SCALINGS)} or null.")
+    if not global_batch_size or int(global_batch_size) <= 0:
+        raise UserError(f"optimizer.lr_scaling={scaling!r} needs training.batch_size (global) > 0, "
+                        f"got {global_batch_size!r}.")
+    ratio = int(global_batch_size) / LR_SCALING_BASE_BATCH_SIZE
+    return base_lr * (ratio if scaling == "linear" else math.sqrt(ratio))
+
+
+def _accepted(fn: Any) -> list[str]:
+    return [n for n, p in inspect.signature(fn).parameters.items()
+            if n not in ("self", "params", "optimizer") and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+
+
+def _takes_var_kwargs(fn: Any) -> bool:
+    return any(p.kind is p.VAR_KEYWORD for p in inspect.signature(fn).parameters.values())
+
+
+def build_optimizer(model: torch.nn.Module, config: Any) -> torch.optim.Optimizer:
+    """Build ``config.optimizer`` for ``model`` (already wrapped or not)."""
+    opt_cfg = _plain(_get(config, "optimizer"))
+    if not isinstance(opt_cfg, Mapping) or not opt_cfg.get("type"):
+        raise UserError("config has no optimizer.type; set e.g. `optimizer: {type: adam_w, params: {lr: 1e-4}}`.")
+    name = str(opt_cfg["type"])
+    factory = OPTIMIZERS.get(name)
+    params = {k: tuple(v) if isinstance(v, list) else v for k, v in dict(opt_cfg.get("params") or {}).items()}
+    if not _takes_var_kwargs(factory):
+        accepted = _accepted(factory)
+        for key in params:
+            if key not in accepted:
+                raise UserError(f"optimizer.params.{key} is not accepted by optimizer {name!r}."
+                                f"{did_you_mean(key, accepted)} Accepted: {accepted}.")
+    if "lr" in params:
+        params["lr"] = scaled_lr(float(params["lr"]), opt_cfg.get("lr_scaling"), _get(config, "training.batch_size"))
+    elif opt_cfg.get("lr_scaling"):
+        raise UserError("optimizer.lr_scaling is set but optimizer.params.lr is missing; give a base lr.")
+
+    custom = getattr(model, "get_optimizer_parameters", None)
+    groups = custom(config) if callable(custom) else param_groups(model, params.get("weight_decay"))
+    if not callable(custom) and not groups:
+        raise UserError(f"optimizer {name!r}: the model has no trainable parameters (all requires_grad=False?).")
+    try:
+        return factory(groups, **params)
+    except (TypeError, ValueError) as e:
+        text = str(e).lower()
+        hinted = [key for phrase, key in _ERROR_HINTS.items() if phrase in text and key in params]
+        bad = hinted or [k for k in params if k.lower() in text]
+        where = f"optimizer.params.{bad[0]}={params[bad[0]]!r}" if bad else f"optimizer.params={params}"
+        raise UserError(f"optimizer {name!r} rejected {where}: {e}") from None
+
+
+#: words in torch.optim's ValueErrors -> the params key they are about
+_ERROR_HINTS = {"learning rate": "lr", "epsilon": "eps", "beta": "betas", "weight_decay": "weight_decay",
+                "momentum": "momentum", "dampening": "dampening", "alpha": "alpha"}
+
+
+# ---------------------------------------------------------------- schedulers
+
+
+def _warmup_factor(step: int, num_warmup_steps: int, num_training_steps: int, min_lr_ratio: float,
+                   shape: str) -> float:
+    """LR multiplier after ``step`` updates: linear warmup 0 -> 1, then decay to ``min_lr_ratio``."""
+    if step < num_warmup_steps:
+        return step / max(1, num_warmup_steps)
+    if shape == "constant":
+        return 1.0
+    progress = min(1.0, (step - num_warmup_steps) / max(1, num_training_steps - num_warmup_steps))
+    decay = 1.0 - progress if shape == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
+    return min_lr_ratio + (1.0 - min_lr_ratio) * decay
+
+
+def _as_int(value: Any) -> Any:
+    """1e3 from YAML is a float; accept integral floats as step counts."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def _check_schedule(name: str, num_warmup_steps: Any, num_training_steps: Any,
+                    min_lr_ratio: Any) -> tuple[int, int | None, float]:
+    """Validate and normalise schedule parameters."""
+    num_warmup_steps, num_training_steps = _as_int(num_warmup_steps), _as_int(num_training_steps)
+    if not isinstance(num_warmup_steps, int) or num_warmup_steps < 0:
+        raise UserError(f"scheduler {name!r}: scheduler.params.num_warmup_steps must be an int >= 0, "
+                        f"got {num_warmup_steps!r}.")
+    if num_training_steps is not None and (not isinstance(num_training_steps, int) or num_training_steps <= 0):
+        raise UserError(f"scheduler {name!r}: scheduler.params.num_training_steps must be an int > 0 (or set "
+                        f"training.max_updates), got {num_training_steps!r}.")
+    if num_training_steps is not None and num_warmup_steps > num_training_steps:
+        raise UserError(f"scheduler {name!r}: num_warmup_steps={num_warmup_steps} exceeds "
+                        f"num_training_steps={num_training_steps}; lower the warmup.")
+    if not isinstance(min_lr_ratio, (int, float)) or not 0.0 <= float(min_lr_ratio) <= 1.0:
+        raise UserError(f"scheduler {name!r}: scheduler.params.min_lr_ratio must be in [0, 1], got {min_lr_ratio!r}.")
+    return num_warmup_steps, num_training_steps, float(min_lr_ratio)
+
+
+def _lambda_lr(optimizer: torch.optim.Optimizer, shape: str, num_warmup_steps: int, num_training_steps: int,
+               min_lr_ratio: float) -> torch.optim.lr_scheduler.LambdaLR:
+    fn = functools.partial(_warmup_factor, num_warmup_steps=num_warmup_steps,
+                           num_training_steps=num_training_steps, min_lr_ratio=float(min_lr_ratio), shape=shape)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, fn)
+
+
+@register_scheduler("warmup_linear")
+def warmup_linear(optimizer: torch.optim.Optimizer, num_warmup_steps: int, num_training_steps: int,
+                  min_lr_ratio: float = 0.0) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warmup for ``num_warmup_steps``, then linear decay to ``min_lr_ratio * lr``."""
+    return _lambda_lr(optimizer, "linear", *_check_schedule("warmup_linear", num_warmup_steps,
+                                                           num_training_steps, min_lr_ratio))
+
+
+@register_scheduler("warmup_cosine")
+def warmup_cosine(optimizer: torch.optim.Optimizer, num_warmup_steps: int, num_training_steps: int,
+                  min_lr_ratio: float = 0.0) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warmup, then half-cosine decay to ``min_lr_ratio * lr`` at ``num_training_steps``."""
+    return _lambda_lr(optimizer, "cosine", *_check_schedule("warmup_cosine", num_warmup_steps,
+                                                           num_training_steps, min_lr_ratio))
+
+
+@register_scheduler("constant")
+def constant(optimizer: torch.optim.Optimizer, num_warmup_steps: int = 0) -> torch.optim.lr_scheduler.LambdaLR:
+    """Constant lr, optionally after a linear warmup."""
+    warmup, _, _ = _check_schedule("constant", num_warmup_steps, None, 0.0)
+    return _lambda_lr(optimizer, "constant", warmup, 1, 0.0)
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, config: Any,
+                    max_updates: int | None = None) -> torch.optim.lr_scheduler.LRScheduler | None:
+    """Build ``config.scheduler`` ({type, params}); None when absent or null.
+
+    ``num_training_steps`` defaults to ``max_updates`` (the trainer's count,
+    e.g. derived from ``training.max_epochs``), else ``training.max_updates``,
+    when the scheduler takes it and the config leaves it null.
+    """
+    sched_cfg = _plain(_get(config, "scheduler"))
+    if sched_cfg is None or sched_cfg == {} or (isinstance(sched_cfg, Mapping) and sched_cfg.get("type") is None):
+        return None
+    if isinstance(sched_cfg, str):
+        sched_cfg = {"type": sched_cfg}
+    if not isinstance(sched_cfg, Mapping):
+        raise UserError(f"scheduler must be {{type, params}} or null, got {sched_cfg!r}.")
+    name = str(sched_cfg["type"])
+    factory = SCHEDULERS.get(name)
+    params = dict(sched_cfg.get("params") or {})
+    accepted = _accepted(factory)
+    if "num_training_steps" in accepted and params.get("num_training_steps") is None:
+        max_updates = max_updates if max_updates is not None else _get(config, "training.max_updates")
+        if max_updates is None:
+            raise UserError(f"scheduler {name!r} needs scheduler.params.num_training_steps or training.max_updates.")
+        params["num_training_steps"] = _as_int(max_updates)
+    if not _takes_var_kwargs(factory):
+        for key in params:
+            if key not in accepted:
+                raise UserError(f"scheduler.params.{key} is not accepted by scheduler {name!r}."
+                                f"{did_you_mean(key, accepted)} Accepted: {accepted}.")
+        missing = [n for n, p in inspect.signature(factory).parameters.items()
+                   if n in accepted and p.default is p.empty and n not in params]
+        if missing:
+            raise UserError(f"scheduler {name!r} needs scheduler.params.{missing[0]}.")
+    return factory(optimizer, **params)

@@ -1,0 +1,136 @@
+"""One small registry per kind of component.
+
+Each registry maps a name to a class or factory. Registration happens through
+explicit imports in each package's ``__init__`` (no directory scanning), and
+user code registers the same way from ``env.user_dir``.
+
+Contracts (what the looked-up object is called with, and returns):
+
+- ``MODELS``: ``cls(config: DictConfig)`` where ``config`` is
+  ``model_config.<name>``; an ``nn.Module`` whose ``forward(batch: dict)``
+  returns a dict with ``scores`` (and optionally ``losses``).
+- ``DATASETS``: ``cls(config: DictConfig, data_dir: str)`` with ``config``
+  ``dataset_config.<name>``; a :class:`mmvl.data.base.DatasetBuilder`.
+- ``PROCESSORS``: ``cls(**params)``; a callable processing one sample field.
+- ``LOSSES``: ``cls(**params)``; ``loss(batch, output) -> Tensor`` (scalar).
+- ``METRICS``: ``cls(**params)``; a :class:`mmvl.metrics.Metric` called once
+  per evaluation as ``metric(data, output) -> dict[str, float]`` over the whole
+  (gathered, de-duplicated) split; ``required_keys`` names the batch fields it needs.
+- ``OPTIMIZERS``: ``fn(params, **kwargs) -> torch.optim.Optimizer``; names
+  not registered fall back to ``torch.optim.<Name>``.
+- ``SCHEDULERS``: ``fn(optimizer, **params) -> LRScheduler``.
+- ``TRAINERS``: ``cls(config: DictConfig)`` with ``fit()``/``evaluate()``.
+- ``CALLBACKS``: ``cls(trainer, **params)``; a
+  :class:`mmvl.trainers.callbacks.base.Callback`.
+- ``STRATEGIES``: ``cls(config: DictConfig, env)``; a
+  :class:`mmvl.distributed.strategies.base.Strategy`.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator
+
+from mmvl.errors import UserError, did_you_mean
+
+
+class Registry:
+    """A name -> object map for one kind of component."""
+
+    def __init__(self, kind: str, fallback: Callable[[str], Any] | None = None):
+        self.kind = kind
+        self._items: dict[str, Any] = {}
+        self._fallback = fallback
+
+    def register(self, name: str, obj: Any = None):
+        """Register ``obj`` under ``name``; usable as a decorator."""
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"{self.kind} registry: name must be a non-empty string, got {name!r}")
+
+        def _add(o: Any) -> Any:
+            if name in self._items:
+                raise UserError(
+                    f"{self.kind} registry: the name {name!r} is already registered to "
+                    f"{_qualname(self._items[name])}; pick another name for {_qualname(o)}."
+                )
+            self._items[name] = o
+            return o
+
+        return _add(obj) if obj is not None else _add
+
+    def get(self, name: str) -> Any:
+        if name in self._items:
+            return self._items[name]
+        if self._fallback is not None:
+            found = self._fallback(name)
+            if found is not None:
+                return found
+        known = ", ".join(sorted(self._items)) or "none"
+        raise UserError(
+            f"Unknown {self.kind} {name!r}.{did_you_mean(name, self._items)} "
+            f"Registered {self.kind}s: {known}. Register yours with "
+            f"@registry.register_{self.kind}({name!r}) in a module under env.user_dir."
+        )
+
+    def unregister(self, name: str) -> None:
+        """Remove ``name`` (tests and interactive sessions re-registering)."""
+        self._items.pop(name, None)
+
+    def names(self) -> list[str]:
+        return sorted(self._items)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._items
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __repr__(self) -> str:
+        return f"Registry({self.kind!r}, {self.names()})"
+
+
+def _qualname(obj: Any) -> str:
+    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"
+
+
+def _torch_optimizer(name: str) -> Any:
+    import torch.optim
+
+    for candidate in (name, name.replace("_", "")):
+        for attr in dir(torch.optim):
+            if attr.lower() == candidate.lower():
+                obj = getattr(torch.optim, attr)
+                if isinstance(obj, type) and issubclass(obj, torch.optim.Optimizer):
+                    return obj
+    return None
+
+
+MODELS = Registry("model")
+DATASETS = Registry("dataset")
+PROCESSORS = Registry("processor")
+LOSSES = Registry("loss")
+METRICS = Registry("metric")
+OPTIMIZERS = Registry("optimizer", fallback=_torch_optimizer)
+SCHEDULERS = Registry("scheduler")
+TRAINERS = Registry("trainer")
+CALLBACKS = Registry("callback")
+STRATEGIES = Registry("strategy")
+
+ALL: dict[str, Registry] = {
+    r.kind: r
+    for r in (MODELS, DATASETS, PROCESSORS, LOSSES, METRICS, OPTIMIZERS, SCHEDULERS,
+              TRAINERS, CALLBACKS, STRATEGIES)
+}
+
+register_model = MODELS.register
+register_dataset = DATASETS.register
+register_builder = DATASETS.register
+register_processor = PROCESSORS.register
+register_loss = LOSSES.register
+register_metric = METRICS.register
+register_optimizer = OPTIMIZERS.register
+register_scheduler = SCHEDULERS.register
+register_trainer = TRAINERS.register
+register_callback = CALLBACKS.register
+register_strategy = STRATEGIES.register

@@ -1,0 +1,31 @@
+"""Callbacks: the named hooks the training loop calls, in list order.
+
+Hooks (all optional): ``on_train_start``, ``on_update_start``,
+``on_update_end(info)``, ``on_evaluation_end(split, results)``,
+``on_train_end``. ``state_dict``/``load_state_dict`` put a callback's state in
+the checkpoint under its class name. Every rank calls every hook; a callback
+that writes files checks ``trainer.engine.is_main_process``.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+
+class Callback:
+    def __init__(self, trainer: Any, **params: Any):
+        self.trainer = trainer
+
+    def on_train_start(self) -> None: ...
+
+    def on_update_start(self) -> None: ...
+
+    def on_update_end(self, info: dict[str, Any]) -> None: ...
+
+    def on_evaluation_end(self, split: str, results: dict[str, dict[str, float]]) -> None: ...
+
+    def on_train_end(self) -> None: ...
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...

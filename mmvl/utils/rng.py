@@ -1,0 +1,41 @@
+"""Capture and restore every RNG a run draws from, as plain tensors and lists (no pickle)."""
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import numpy as np
+import torch
+
+
+def get_rng_state() -> dict[str, Any]:
+    """RNG states of Python, NumPy and torch (CPU and CUDA) in weights-only-loadable form."""
+    version, py_state, gauss = random.getstate()
+    np_state = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": {"version": version, "state": torch.tensor(py_state, dtype=torch.int64),
+                   "gauss": gauss},
+        "numpy": {"keys": torch.from_numpy(np_state[1].astype(np.int64)), "pos": int(np_state[2]),
+                  "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    py = state["python"]
+    random.setstate((py["version"], tuple(int(x) for x in py["state"].tolist()), py["gauss"]))
+    nps = state["numpy"]
+    np.random.set_state(("MT19937", nps["keys"].numpy().astype(np.uint32), nps["pos"],
+                         nps["has_gauss"], nps["cached_gaussian"]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def seed_all(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)

@@ -1,0 +1,223 @@
+"""Checkpoint files: round trip, crash safety, pruning, corrupt/unsafe files, key mapping."""
+import logging
+import os
+
+import pytest
+import torch
+
+import mmvl.checkpoint as ckpt_mod
+from mmvl.checkpoint import CheckpointManager, atomic_save, load_model_state, safe_load
+from mmvl.errors import UserError
+
+
+def _state(value: float, update: int = 0) -> dict:
+    return {"model": {"w": torch.full((2, 3), value)}, "trainer": {"update": update, "best": None},
+            "rng": {"torch": torch.get_rng_state()}, "config": {"a": [1, 2]}}
+
+
+def test_round_trip_and_links(tmp_path):
+    m = CheckpointManager(tmp_path, max_to_keep=3)
+    written = m.save(_state(1.0, 10), update=10, is_best=True)
+    assert written == m.dir / "model_10.ckpt"
+    m.save(_state(2.0, 20), update=20)
+    last = safe_load(m.last_path)
+    assert last["trainer"]["update"] == 20 and torch.equal(last["model"]["w"], torch.full((2, 3), 2.0))
+    assert last["config"] == {"a": [1, 2]}
+    assert safe_load(m.best_path)["trainer"]["update"] == 10
+    loaded, path = m.load_latest()
+    assert path == m.last_path and loaded["trainer"]["update"] == 20
+    # non-periodic save only replaces last.ckpt; best keeps its own file
+    m.save(_state(3.0, 25), update=25, periodic=False)
+    assert safe_load(m.last_path)["trainer"]["update"] == 25
+    assert [p.name for p in m.periodic_paths()] == ["model_10.ckpt", "model_20.ckpt"]
+    assert safe_load(m.best_path)["trainer"]["update"] == 10
+    assert not [p for p in m.dir.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_state_is_serialised_once_per_save(tmp_path, monkeypatch):
+    calls = []
+    real_save = torch.save
+    monkeypatch.setattr(torch, "save", lambda obj, f, *a, **k: (calls.append(1), real_save(obj, f, *a, **k)))
+    m = CheckpointManager(tmp_path, max_to_keep=2)
+    m.save(_state(1.0, 1), update=1, is_best=True)
+    assert len(calls) == 1
+    assert safe_load(m.best_path)["trainer"]["update"] == safe_load(m.last_path)["trainer"]["update"] == 1
+
+
+def test_pruning_keeps_newest_n_and_links_survive(tmp_path):
+    m = CheckpointManager(tmp_path, max_to_keep=2)
+    for u in (100, 200, 300, 1000):
+        m.save(_state(float(u), u), update=u, is_best=(u == 100))
+    assert [p.name for p in m.periodic_paths()] == ["model_300.ckpt", "model_1000.ckpt"]  # numeric order
+    assert safe_load(m.best_path)["trainer"]["update"] == 100  # pruned periodic file, best still valid
+    keep_all = CheckpointManager(tmp_path / "all", max_to_keep=0)
+    for u in range(4):
+        keep_all.save(_state(0.0, u), update=u)
+    assert len(keep_all.periodic_paths()) == 4
+
+
+def test_crash_mid_save_keeps_previous_last(tmp_path, monkeypatch):
+    m = CheckpointManager(tmp_path, max_to_keep=5)
+    m.save(_state(1.0, 1), update=1)
+    real_save = torch.save
+
+    def partial_then_crash(obj, f, *a, **k):
+        f.write(b"PK\x03\x04 half a zip")  # what a dying process leaves behind
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", partial_then_crash)
+    with pytest.raises(OSError):
+        m.save(_state(2.0, 2), update=2)
+    with pytest.raises(OSError):  # a non-periodic save writes last.ckpt itself
+        m.save(_state(2.0, 2), update=2, periodic=False)
+    monkeypatch.setattr(torch, "save", real_save)
+    assert safe_load(m.last_path)["trainer"]["update"] == 1
+    assert not (m.dir / "model_2.ckpt").exists()
+
+    def replace_crash(src, dst):
+        raise OSError("killed before rename")
+
+    monkeypatch.setattr(ckpt_mod.os, "replace", replace_crash)
+    with pytest.raises(OSError):
+        m.save(_state(3.0, 3), update=3)
+    monkeypatch.undo()
+    assert safe_load(m.last_path)["trainer"]["update"] == 1
+    assert sorted(p.name for p in m.dir.iterdir()) == ["last.ckpt", "model_1.ckpt"]  # no temp files left
+
+
+def test_truncated_file_is_user_error_and_load_latest_falls_back(tmp_path, caplog):
+    m = CheckpointManager(tmp_path, max_to_keep=5)
+    m.save(_state(1.0, 1), update=1)
+    m.save(_state(2.0, 2), update=2)
+    # corrupt the newest: last.ckpt (a link to model_2) truncated in place
+    data = (m.dir / "model_2.ckpt").read_bytes()
+    for p in (m.last_path, m.dir / "model_2.ckpt"):
+        p.unlink()
+        p.write_bytes(data[: len(data) // 2])
+    with pytest.raises(UserError, match=r"last\.ckpt.*truncated or corrupt"):
+        safe_load(m.last_path)
+    with caplog.at_level(logging.WARNING):
+        loaded, path = m.load_latest()
+    assert path.name == "model_1.ckpt" and loaded["trainer"]["update"] == 1
+    assert "last.ckpt" in caplog.text and "model_2.ckpt" in caplog.text
+    (m.dir / "model_1.ckpt").write_bytes(b"")
+    with pytest.raises(UserError, match="no loadable checkpoint"):
+        m.load_latest()
+
+
+def test_missing_and_non_checkpoint_files(tmp_path):
+    with pytest.raises(UserError, match="does not exist"):
+        safe_load(tmp_path / "nope.ckpt")
+    torch.save([torch.zeros(1)], tmp_path / "list.ckpt")
+    with pytest.raises(UserError, match="list"):
+        safe_load(tmp_path / "list.ckpt")
+    torch.save({"w": torch.zeros(1)}, tmp_path / "bare.ckpt")
+    with pytest.raises(UserError, match=r"lacks \['model'\]"):
+        safe_load(tmp_path / "bare.ckpt")
+    assert "w" in safe_load(tmp_path / "bare.ckpt", expect_keys=())
+
+
+class _Payload:
+    """Unpickling this would create a marker file (stands in for arbitrary code)."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (_touch, (self.marker,))
+
+
+def _touch(path):
+    open(path, "w").close()
+    return "ran"
+
+
+def test_pickled_object_payload_is_refused_without_running(tmp_path):
+    marker = tmp_path / "MARKER"
+    path = tmp_path / "evil.ckpt"
+    torch.save({"model": {"w": torch.zeros(1)}, "extra": _Payload(marker)}, path)
+    assert not marker.exists()
+    with pytest.raises(UserError, match=r"contains pickled Python objects.*weights-only") as err:
+        safe_load(path)
+    assert "evil.ckpt" in str(err.value) and "_touch" in str(err.value)
+    assert not marker.exists()
+    m = CheckpointManager(tmp_path / "run", max_to_keep=2)
+    m.dir.mkdir(parents=True)
+    os.replace(path, m.last_path)
+    with pytest.raises(UserError, match="no loadable"):
+        m.load_latest()
+    assert not marker.exists()
+
+
+def test_find_resume(tmp_path, caplog):
+    m = CheckpointManager(tmp_path, max_to_keep=2)
+    assert m.find_resume() is None
+    with pytest.raises(UserError, match="resume_file"):
+        m.find_resume(tmp_path / "missing.ckpt")
+    m.save(_state(1.0, 1), update=1)
+    with caplog.at_level(logging.WARNING):
+        assert m.find_resume(resume_best=True) == m.last_path
+    assert "resume_best" in caplog.text
+    m.save(_state(1.0, 2), update=2, is_best=True)
+    assert m.find_resume(resume_best=True) == m.best_path
+    assert m.find_resume(m.dir / "model_1.ckpt") == m.dir / "model_1.ckpt"
+    m.last_path.unlink()
+    assert m.find_resume() == m.dir / "model_2.ckpt"
+
+
+def test_atomic_save_creates_parent(tmp_path):
+    p = atomic_save({"model": {}}, tmp_path / "a" / "b" / "x.ckpt")
+    assert safe_load(p) == {"model": {}}
+
+
+def test_load_model_state_prefixes_and_mismatches():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 5), torch.nn.Linear(5, 2))
+    src = torch.nn.Sequential(torch.nn.Linear(4, 5), torch.nn.Linear(5, 2))
+    ddp_style = {f"module.{k}": v for k, v in src.state_dict().items()}
+    assert load_model_state(model, {"model": ddp_style}) == ([], [])
+    assert torch.equal(model[0].weight, src[0].weight)
+
+    class Wrapper(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.module = inner
+
+    wrapped = Wrapper(torch.nn.Sequential(torch.nn.Linear(4, 5), torch.nn.Linear(5, 2)))
+    load_model_state(wrapped, src.state_dict())  # adds the prefix
+    assert torch.equal(wrapped.module[1].bias, src[1].bias)
+
+    other = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2)).state_dict()
+    with pytest.raises(UserError, match=r"another model\? key '0\.weight': checkpoint \(3, 4\) vs model \(5, 4\)"):
+        load_model_state(model, other)
+    partial = {k: v for k, v in src.state_dict().items() if k.startswith("0.")}
+    partial["extra"] = torch.zeros(1)
+    with pytest.raises(UserError, match=r"missing \['1\.weight', '1\.bias'\].*unexpected \['extra'\]"):
+        load_model_state(model, partial)
+    assert load_model_state(model, partial, strict=False) == (["1.weight", "1.bias"], ["extra"])
+
+
+def test_load_latest_best_and_empty(tmp_path, caplog):
+    m = CheckpointManager(tmp_path, max_to_keep=3)
+    assert m.load_latest() is None and m.directory == tmp_path / "checkpoints"
+    m.save(_state(1.0, 1), update=1)
+    with caplog.at_level(logging.WARNING):
+        assert m.load_latest(best=True)[1] == m.last_path  # no best yet: warn, use last
+    assert "resume_best" in caplog.text
+    m.save(_state(2.0, 2), update=2, is_best=True)
+    m.save(_state(3.0, 3), update=3)
+    state, path = m.load_latest(best=True)
+    assert path == m.best_path and state["trainer"]["update"] == 2
+    m.best_path.unlink()
+    m.best_path.write_bytes(b"garbage")
+    state, path = m.load_latest(best=True)  # corrupt best falls back to last
+    assert path == m.last_path and state["trainer"]["update"] == 3
+
+
+def test_apply_state_mapping_moves_pretrained_prefix():
+    from mmvl.checkpoint import apply_state_mapping
+
+    state = {"module.bert.layer.w": 1, "bert.emb": 2, "classifier.w": 3}
+    assert apply_state_mapping(state, {"bert": "model.encoder."}) == {"model.encoder.layer.w": 1,
+                                                                      "model.encoder.emb": 2}
+    assert apply_state_mapping(state, {"bert.": ""}) == {"layer.w": 1, "emb": 2}
+    assert apply_state_mapping(state, {}) == state

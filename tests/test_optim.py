@@ -1,0 +1,159 @@
+"""Optimizer grouping, LR scaling, name fallback, and scheduler curves."""
+import math
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from mmvl.errors import UserError
+from mmvl.optim import build_optimizer, build_scheduler, param_groups
+
+
+class Tiny(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(10, 4)
+        self.lin = torch.nn.Linear(4, 4)
+        self.norm = torch.nn.LayerNorm(4)
+        self.gn = torch.nn.GroupNorm(2, 4)
+        self.frozen = torch.nn.Linear(4, 1)
+        self.frozen.requires_grad_(False)
+
+
+def _cfg(optimizer, scheduler=None, batch_size=32, max_updates=100):
+    return OmegaConf.create({"optimizer": optimizer, "scheduler": scheduler,
+                             "training": {"batch_size": batch_size, "max_updates": max_updates}})
+
+
+def test_param_groups_decay_only_weight_matrices():
+    model = Tiny()
+    opt = build_optimizer(model, _cfg({"type": "adam_w", "params": {"lr": 1e-3, "weight_decay": 0.1}}))
+    assert isinstance(opt, torch.optim.AdamW)
+    groups = {g["group"]: g for g in opt.param_groups}
+    ids = lambda ps: {id(p) for p in ps}  # noqa: E731
+    assert ids(groups["decay"]["params"]) == ids([model.emb.weight, model.lin.weight])
+    assert ids(groups["no_decay"]["params"]) == ids([model.lin.bias, model.norm.weight, model.norm.bias,
+                                                     model.gn.weight, model.gn.bias])
+    assert groups["decay"]["weight_decay"] == 0.1 and groups["no_decay"]["weight_decay"] == 0.0
+    # without weight_decay in params the decay group keeps the optimizer's default (AdamW: 0.01)
+    opt = build_optimizer(model, _cfg({"type": "adam_w", "params": {"lr": 1e-3}}))
+    assert {g["group"]: g["weight_decay"] for g in opt.param_groups} == {"decay": 0.01, "no_decay": 0.0}
+
+
+def test_model_hook_overrides_grouping():
+    model = Tiny()
+    model.get_optimizer_parameters = lambda config: [{"params": model.lin.parameters(), "lr": 0.5}]
+    opt = build_optimizer(model, _cfg({"type": "sgd", "params": {"lr": 0.1}}))
+    assert len(opt.param_groups) == 1 and opt.param_groups[0]["lr"] == 0.5
+
+
+@pytest.mark.parametrize("scaling,expected", [(None, 1e-3), ("linear", 1e-3 * 512 / 256),
+                                              ("sqrt", 1e-3 * math.sqrt(2))])
+def test_lr_scaling(scaling, expected):
+    opt = build_optimizer(Tiny(), _cfg({"type": "adam_w", "params": {"lr": 1e-3}, "lr_scaling": scaling},
+                                       batch_size=512))
+    assert all(g["lr"] == pytest.approx(expected) for g in opt.param_groups)
+
+
+def test_lr_scaling_unknown_is_user_error():
+    with pytest.raises(UserError, match="linear"):
+        build_optimizer(Tiny(), _cfg({"type": "adam_w", "params": {"lr": 1e-3}, "lr_scaling": "linaer"}))
+
+
+@pytest.mark.parametrize("name", ["SGD", "sgd", "Adam", "rmsprop"])
+def test_torch_optimizer_fallback(name):
+    opt = build_optimizer(Tiny(), _cfg({"type": name, "params": {"lr": 0.01}}))
+    assert type(opt).__name__.lower() == name.lower()
+
+
+def test_unknown_optimizer_and_bad_params_name_the_key():
+    with pytest.raises(UserError, match="adam_w"):
+        build_optimizer(Tiny(), _cfg({"type": "adamm_w", "params": {"lr": 0.01}}))
+    with pytest.raises(UserError, match=r"optimizer\.params\.lrr.*Did you mean 'lr'"):
+        build_optimizer(Tiny(), _cfg({"type": "adam_w", "params": {"lrr": 0.01}}))
+    with pytest.raises(UserError, match=r"optimizer\.params\.lr=-1"):
+        build_optimizer(Tiny(), _cfg({"type": "adam_w", "params": {"lr": -1.0}}))
+    with pytest.raises(UserError, match=r"optimizer\.params\.betas"):
+        build_optimizer(Tiny(), _cfg({"type": "adam_w", "params": {"lr": 0.1, "betas": [1.5, 0.9]}}))
+    with pytest.raises(UserError, match="optimizer.type"):
+        build_optimizer(Tiny(), _cfg(None))
+
+
+def _lrs(scheduler, optimizer, steps):
+    out = []
+    for _ in range(steps):
+        out.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    return out
+
+
+def _sched(type_, params, max_updates=100):
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    return opt, build_scheduler(opt, _cfg({"type": "sgd"}, {"type": type_, "params": params}, max_updates=max_updates))
+
+
+def test_warmup_linear_curve():
+    opt, s = _sched("warmup_linear", {"num_warmup_steps": 4, "num_training_steps": 12})
+    lrs = _lrs(s, opt, 14)
+    assert lrs[:5] == pytest.approx([0.0, 0.25, 0.5, 0.75, 1.0])
+    assert lrs[8] == pytest.approx(0.5) and lrs[12] == pytest.approx(0.0) and lrs[13] == pytest.approx(0.0)
+    opt, s = _sched("warmup_linear", {"num_warmup_steps": 0, "num_training_steps": 10, "min_lr_ratio": 0.1})
+    lrs = _lrs(s, opt, 12)
+    assert lrs[0] == pytest.approx(1.0) and lrs[5] == pytest.approx(0.1 + 0.9 * 0.5) and lrs[11] == pytest.approx(0.1)
+
+
+def test_warmup_cosine_curve_and_max_updates_default():
+    opt, s = _sched("warmup_cosine", {"num_warmup_steps": 2, "min_lr_ratio": 0.2}, max_updates=10)
+    lrs = _lrs(s, opt, 11)
+    assert lrs[1] == pytest.approx(0.5) and lrs[2] == pytest.approx(1.0)
+    assert lrs[6] == pytest.approx(0.2 + 0.8 * 0.5)  # halfway through the 8 decay steps
+    assert lrs[10] == pytest.approx(0.2)
+
+
+def test_constant_and_null_scheduler():
+    opt, s = _sched("constant", {"num_warmup_steps": 2})
+    assert _lrs(s, opt, 4) == pytest.approx([0.0, 0.5, 1.0, 1.0])
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    assert build_scheduler(opt, _cfg({"type": "sgd"}, None)) is None
+
+
+def test_scheduler_state_dict_round_trip(tmp_path):
+    opt, s = _sched("warmup_cosine", {"num_warmup_steps": 3, "num_training_steps": 20})
+    _lrs(s, opt, 7)
+    torch.save({"scheduler": s.state_dict(), "optimizer": opt.state_dict()}, tmp_path / "s.pt")
+    state = torch.load(tmp_path / "s.pt", weights_only=True)
+    opt2, s2 = _sched("warmup_cosine", {"num_warmup_steps": 3, "num_training_steps": 20})
+    opt2.load_state_dict(state["optimizer"])
+    s2.load_state_dict(state["scheduler"])
+    assert _lrs(s2, opt2, 5) == pytest.approx(_lrs(s, opt, 5))
+
+
+def test_scheduler_bad_params():
+    with pytest.raises(UserError, match="num_warmup_steps=50 exceeds"):
+        _sched("warmup_linear", {"num_warmup_steps": 50, "num_training_steps": 10})
+    with pytest.raises(UserError, match=r"scheduler\.params\.num_warmup_step\b.*num_warmup_steps"):
+        _sched("warmup_linear", {"num_warmup_step": 5})
+    with pytest.raises(UserError, match="num_warmup_steps"):
+        _sched("warmup_linear", {})
+    with pytest.raises(UserError, match="warmup_cosine"):
+        _sched("warmup_cosin", {})
+    with pytest.raises(UserError, match="min_lr_ratio"):
+        _sched("warmup_cosine", {"num_warmup_steps": 1, "min_lr_ratio": 2})
+
+
+def test_param_groups_drop_empty_groups():
+    assert [g["group"] for g in param_groups(torch.nn.LayerNorm(3), 0.1)] == ["no_decay"]
+    with pytest.raises(UserError, match="no trainable"):
+        build_optimizer(torch.nn.Linear(2, 2).requires_grad_(False), _cfg({"type": "sgd", "params": {"lr": 0.1}}))
+
+
+def test_scheduler_takes_trainer_max_updates():
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    cfg = OmegaConf.create({"scheduler": {"type": "warmup_linear",
+                                          "params": {"num_warmup_steps": 0, "num_training_steps": None}},
+                            "training": {"max_updates": None}})
+    with pytest.raises(UserError, match="max_updates"):
+        build_scheduler(opt, cfg)
+    s = build_scheduler(opt, cfg, max_updates=4)
+    assert _lrs(s, opt, 5) == pytest.approx([1.0, 0.75, 0.5, 0.25, 0.0])
