@@ -21,7 +21,8 @@ from mmvl.models.modules.image_encoders import build_image_encoder
 from mmvl.registry import register_model
 
 _BERT_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-              "hidden_dropout_prob", "attention_probs_dropout_prob", "vocab_size", "max_position_embeddings")
+              "hidden_dropout_prob", "attention_probs_dropout_prob", "vocab_size", "max_position_embeddings",
+              "initializer_range")
 
 
 def _cfg(config: Any) -> dict[str, Any]:
@@ -66,7 +67,7 @@ def load_bert_weights(bert: nn.Module, folder: Path) -> None:
 class VisualEmbeddings(nn.Module):
     """Grid features -> hidden-size tokens with a visual token type and 2-D position embeddings."""
 
-    def __init__(self, in_dim: int, hidden: int, max_grid: int, dropout: float, eps: float):
+    def __init__(self, in_dim: int, hidden: int, max_grid: int, dropout: float, eps: float, std: float = 0.02):
         super().__init__()
         self.proj = nn.Linear(in_dim, hidden)
         self.rows = nn.Embedding(max_grid, hidden)
@@ -76,7 +77,7 @@ class VisualEmbeddings(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.max_grid = max_grid
         for emb in (self.rows, self.cols):
-            nn.init.normal_(emb.weight, std=0.02)
+            nn.init.normal_(emb.weight, std=std)
 
     def forward(self, grid: torch.Tensor) -> torch.Tensor:
         _, _, h, w = grid.shape
@@ -128,7 +129,8 @@ class VisualBert(BaseModel):
         hidden = bert_config.hidden_size
         self.image_encoder = build_image_encoder(cfg.get("image_encoder") or {"type": "cnn"})
         self.visual_embeddings = VisualEmbeddings(self.image_encoder.out_dim, hidden, int(cfg.get("max_grid_size", 32)),
-                                                  bert_config.hidden_dropout_prob, bert_config.layer_norm_eps)
+                                                  bert_config.hidden_dropout_prob, bert_config.layer_norm_eps,
+                                                  bert_config.initializer_range)
         self.classifier = nn.Sequential(
             nn.Dropout(float(cfg.get("classifier_dropout", bert_config.hidden_dropout_prob))),
             nn.Linear(hidden, hidden), nn.GELU(), nn.LayerNorm(hidden, eps=bert_config.layer_norm_eps),

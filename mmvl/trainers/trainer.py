@@ -17,6 +17,7 @@ from mmvl.config import save_config
 from mmvl.utils.logger import setup_logging
 from mmvl.checkpoint import CheckpointManager, safe_load
 from mmvl.build import build_callbacks, build_datasets, build_model, model_config
+from mmvl.data.predictions import write_predictions
 from mmvl.data.loaders import TrainStream, eval_loader
 from mmvl.distributed import comm
 from mmvl.distributed.env import DistEnv
@@ -208,6 +209,11 @@ class Trainer:
                 values.update({k: float(v) for k, v in metric(data, output).items()})
             values.update(builder.extra_metrics(split))
             results[name] = values
+            if self.config.evaluation.get("predict") and self.engine.is_main_process:
+                path = write_predictions(str(self.config.env.save_dir), name, split,
+                                         builder.predictions(data, data["scores"]),
+                                         builder.prediction_format)
+                log.info("Wrote %s predictions to %s", split, path)
         self.model.train()
         self.last_eval = (self.update, split, results)
         self.call("on_evaluation_end", split, results)

@@ -18,6 +18,7 @@ from mmvl.distributed.strategies import build_strategy
 DIM = 32
 GLOBAL_BATCH = 8
 LR = 1e-2
+EPS = 1e-3  # large enough that a wrongly scaled gradient changes the update (Adam is otherwise scale-free)
 
 
 class MLP(torch.nn.Module):
@@ -72,7 +73,7 @@ def build(model_name: str, strategy: str, env: DistEnv | None = None, **training
     decay = [p for n, p in model.named_parameters() if n.endswith("weight")]
     no_decay = [p for n, p in model.named_parameters() if not n.endswith("weight")]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01},
-                                   {"params": no_decay, "weight_decay": 0.0}], lr=LR)
+                                   {"params": no_decay, "weight_decay": 0.0}], lr=LR, eps=EPS)
     strat = build_strategy(make_config(strategy, **training), env)
     model, optimizer = strat.wrap(model, optimizer)
     return strat, model, optimizer

@@ -7,6 +7,7 @@ must leave the model unchanged in behaviour.
 from __future__ import annotations
 
 import contextlib
+import inspect
 from typing import Any, Iterator
 
 import torch
@@ -52,6 +53,17 @@ class Strategy:
             params = [remap[id(p)] if remap is not None else p for p in group["params"]]
             groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": params})
         return groups
+
+    @staticmethod
+    def optimizer_defaults(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """``optimizer.defaults`` restricted to what its constructor accepts.
+
+        (``AdamW.defaults`` holds ``decoupled_weight_decay``, which ``AdamW()`` rejects.)
+        """
+        params = inspect.signature(type(optimizer).__init__).parameters
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            return dict(optimizer.defaults)
+        return {k: v for k, v in optimizer.defaults.items() if k in params}
 
     def make_grad_scaler(self, enabled: bool) -> Any:
         """The fp16 loss scaler for this strategy (``None`` when disabled)."""

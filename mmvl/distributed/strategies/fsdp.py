@@ -104,7 +104,7 @@ class FSDPStrategy(Strategy):
                 raise UserError("The optimizer holds parameters that are not in the model; "
                                 "build the optimizer from model.parameters() before fsdp wraps it.")
             remap = {id_: new_params[name] for id_, name in old_names.items()}
-            optimizer = type(optimizer)(self.param_groups(optimizer, remap), **optimizer.defaults)
+            optimizer = type(optimizer)(self.param_groups(optimizer, remap), **self.optimizer_defaults(optimizer))
         return model, optimizer
 
     @contextlib.contextmanager

@@ -42,7 +42,7 @@ class ZeroFairscaleStrategy(Strategy):
         # broadcast_fp16 halves the parameter broadcast but rounds the other ranks' weights: opt-in only
         optimizer = OSS(self.param_groups(optimizer), optim=type(optimizer),
                         broadcast_fp16=bool(config_value(self.config, "distributed.broadcast_fp16", False)),
-                        **optimizer.defaults)
+                        **self.optimizer_defaults(optimizer))
         model = ShardedDataParallel(
             model, optimizer,
             broadcast_buffers=bool(config_value(self.config, "distributed.broadcast_buffers", True)),

@@ -47,7 +47,7 @@ class ZeroTorchStrategy(DDPStrategy):
         model, _ = super().wrap(model, None)
         if optimizer is not None:
             optimizer = ZeroRedundancyOptimizer(self.param_groups(optimizer),
-                                                optimizer_class=type(optimizer), **optimizer.defaults)
+                                                optimizer_class=type(optimizer), **self.optimizer_defaults(optimizer))
         return model, optimizer
 
     def optimizer_state_dict(self, model, optimizer) -> dict[str, Any]:
