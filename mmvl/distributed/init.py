@@ -66,7 +66,7 @@ def _backend(config: Any, cuda: bool) -> str:
     return backend
 
 
-def _launcher(config: Any, env: Mapping[str, str]) -> dict[str, Any] | None:
+def detect_launcher(config: Any, env: Mapping[str, str]) -> dict[str, Any] | None:
     """Rank layout from torchrun, SLURM or ``distributed.init_method``; ``None`` for one process."""
     if "RANK" in env and "WORLD_SIZE" in env:
         world = int(env["WORLD_SIZE"])
@@ -113,7 +113,7 @@ def init_distributed(config: Any = None, environ: Mapping[str, str] | None = Non
     environ = os.environ if environ is None else environ
     export_nccl_env(config)
     cuda = _use_cuda(config)
-    layout = _launcher(config, environ)
+    layout = detect_launcher(config, environ)
     if layout is None and dist.is_available() and dist.is_initialized():
         layout = {"source": "existing", "rank": dist.get_rank(), "world_size": dist.get_world_size(),
                   "local_rank": int(environ.get("LOCAL_RANK", 0)),

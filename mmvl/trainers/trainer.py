@@ -18,6 +18,7 @@ from mmvl.utils.logger import setup_logging
 from mmvl.checkpoint import CheckpointManager, safe_load
 from mmvl.build import build_callbacks, build_datasets, build_model, model_config
 from mmvl.data.predictions import write_predictions
+from mmvl.data.sample import DevicePrefetcher
 from mmvl.data.loaders import TrainStream, eval_loader
 from mmvl.distributed import comm
 from mmvl.distributed.env import DistEnv
@@ -71,6 +72,7 @@ class Trainer:
         self.max_updates = self._max_updates()
         self.scheduler = build_scheduler(self.optimizer.optimizer, config, max_updates=self.max_updates)
         self.should_stop = False
+        self.preempted: str | None = None  # signal name when stopped by SIGTERM/SIGUSR1
         self.last_eval: tuple[int, str, dict] | None = None  # (update, split, results)
         self.checkpoints = CheckpointManager(str(config.env.save_dir),
                                              int(config.checkpoint.max_to_keep))
@@ -116,11 +118,14 @@ class Trainer:
             seed=int(t.seed), rank=self.env.rank, world_size=self.env.world_size,
             num_workers=int(t.num_workers), pin_memory=bool(t.pin_memory), name=name)
             for name, b in self.builders.items()}
-        if len(streams) == 1:
-            return next(iter(streams.values()))
-        from mmvl.data.multi import MultiStream
+        stream = next(iter(streams.values()))
+        if len(streams) > 1:
+            from mmvl.data.multi import MultiStream
 
-        return MultiStream(streams, self.config.get("multitasking"), seed=int(t.seed))
+            stream = MultiStream(streams, self.config.get("multitasking"), seed=int(t.seed))
+        if self.env.device.type == "cuda":  # copy the next batch on a side stream
+            stream = DevicePrefetcher(stream, self.env.device)
+        return stream
 
     def _max_updates(self) -> int:
         t = self.config.training

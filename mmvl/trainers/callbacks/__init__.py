@@ -9,12 +9,14 @@ from mmvl.trainers.callbacks.early_stop import EarlyStopCallback
 from mmvl.trainers.callbacks.evaluation import EvaluationCallback
 from mmvl.trainers.callbacks.logging import LoggingCallback
 from mmvl.trainers.callbacks.lr import LRSchedulerCallback
+from mmvl.trainers.callbacks.preemption import PreemptionCallback
 
 __all__ = ["Callback", "CheckpointCallback", "EarlyStopCallback", "EvaluationCallback",
-           "LoggingCallback", "LRSchedulerCallback", "default_callbacks"]
+           "LoggingCallback", "LRSchedulerCallback", "PreemptionCallback", "default_callbacks"]
 
 
 def default_callbacks(trainer: Any) -> list[Callback]:
-    """LR first (it records the LR used), then logging, evaluation, early stop, checkpoint."""
+    """LR first (it records the LR used), then logging, evaluation, early stop, checkpoint,
+    and preemption last (it saves through the checkpoint callback)."""
     return [LRSchedulerCallback(trainer), LoggingCallback(trainer), EvaluationCallback(trainer),
-            EarlyStopCallback(trainer), CheckpointCallback(trainer)]
+            EarlyStopCallback(trainer), CheckpointCallback(trainer), PreemptionCallback(trainer)]

@@ -1,0 +1,63 @@
+"""DDP on 2 gloo ranks equals one process; accumulation communicates once per update."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dist_checks import StrategyContract
+from mmvl.distributed.env import DistEnv
+from mmvl.distributed.strategies import build_strategy, resolve_strategy_name
+from mmvl.errors import UserError
+from dist_models import make_config
+
+
+class TestDDP(StrategyContract):
+    strategy = "ddp"
+    cls_name = "DDPStrategy"
+    sharded = False
+    extra = ("comm_count",)
+
+    def test_accumulation_all_reduces_once_per_update(self, ranks):
+        r = ranks[0]
+        assert r["allreduce_per_update"] >= 1
+        # 3 updates x 4 micro-steps: gradients travel only on each update's last micro-step
+        assert r["allreduce_3_updates_accum4"] == 3 * r["allreduce_per_update"]
+        # the hook does count every synced backward: without no_sync it is 4x
+        assert r["allreduce_1_update_accum4_no_no_sync"] == 4 * r["allreduce_per_update"]
+
+
+@pytest.mark.parametrize("config,env,want", [
+    ({}, DistEnv(), "single"),
+    ({}, DistEnv(world_size=2, rank=1), "ddp"),
+    ({"optimizer": {"enable_state_sharding": True}}, DistEnv(world_size=2), "zero_fairscale"),
+    ({"distributed": {"data_parallel": True}}, DistEnv(), "single"),  # dp needs >1 CUDA device
+    ({"distributed": {"strategy": "fsdp"}}, DistEnv(), "fsdp"),
+])
+def test_auto_resolution(config, env, want):
+    assert resolve_strategy_name(config, env) == want
+
+
+def test_process_group_strategy_without_group_runs_unwrapped(caplog):
+    strat = build_strategy(make_config("ddp"), DistEnv())
+    assert type(strat).__name__ == "SingleStrategy"
+    assert "needs several processes" in caplog.text
+    model = torch.nn.Linear(2, 2)
+    assert strat.wrap(model, None)[0] is model
+
+
+def test_unknown_strategy_suggests_the_closest():
+    with pytest.raises(UserError, match="zero_torch"):
+        build_strategy(make_config("zero_torh"), DistEnv())
+
+
+def test_rebuilt_optimizer_keeps_group_hyperparameters():
+    from mmvl.distributed.strategies.base import Strategy
+
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.AdamW([{"params": [model.weight], "weight_decay": 0.1},
+                             {"params": [model.bias], "weight_decay": 0.0, "lr": 0.5}], lr=0.01)
+    groups = Strategy.param_groups(opt)
+    rebuilt = torch.optim.AdamW(groups, **Strategy.optimizer_defaults(opt))
+    assert [g["weight_decay"] for g in rebuilt.param_groups] == [0.1, 0.0]
+    assert [g["lr"] for g in rebuilt.param_groups] == [0.01, 0.5]
+    assert "decoupled_weight_decay" not in Strategy.optimizer_defaults(opt)

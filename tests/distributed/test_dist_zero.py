@@ -1,0 +1,23 @@
+"""ZeRO on 2 gloo ranks (fairscale OSS+ShardedDDP, torch ZeroRedundancyOptimizer) equals one process."""
+from __future__ import annotations
+
+from dist_checks import StrategyContract, assert_params_close
+
+
+class TestZeroFairscale(StrategyContract):
+    strategy = "zero_fairscale"
+    cls_name = "ZeroFairscaleStrategy"
+    extra = ("int_step",)
+
+    def test_reloads_state_with_integer_step(self, ranks, ref):
+        # fairscale#1083: OSS hands a loaded `step` to Adam as it finds it (int, or on the param's device)
+        assert_params_close(ranks[0]["resumed_int_step"], ref["plain"])
+
+
+class TestZeroTorch(StrategyContract):
+    strategy = "zero_torch"
+    cls_name = "ZeroTorchStrategy"
+    extra = ("int_step",)
+
+    def test_reloads_state_with_integer_step(self, ranks, ref):
+        assert_params_close(ranks[0]["resumed_int_step"], ref["plain"])
