@@ -42,10 +42,13 @@ def model_config(config: DictConfig, builders: dict[str, DatasetBuilder]) -> Dic
     return mcfg
 
 
-def build_model(config: DictConfig, builders: dict[str, DatasetBuilder]):
+def build_model(config: DictConfig, builders: dict[str, DatasetBuilder],
+                checkpointing: bool = True):
+    """The registered model; ``checkpointing=False`` leaves activation checkpointing to the
+    strategy (FSDP applies it per shard unit)."""
     cls = registry.MODELS.get(config.model)
     model = cls(model_config(config, builders))
-    if config.training.get("gradient_checkpointing"):
+    if checkpointing and config.training.get("gradient_checkpointing"):
         model.enable_gradient_checkpointing()
     return model
 

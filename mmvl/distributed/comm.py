@@ -27,6 +27,13 @@ def is_main_process() -> bool:
     return get_rank() == 0
 
 
+def _comm_device() -> torch.device:
+    """Where tensors must live for the backend: NCCL needs CUDA, gloo is safest on the CPU."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def synchronize() -> None:
     if get_world_size() > 1:
         dist.barrier()
@@ -35,7 +42,10 @@ def synchronize() -> None:
 def broadcast(tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
     """Overwrite ``tensor`` on every rank with rank ``src``'s values (in place; returned)."""
     if get_world_size() > 1:
-        dist.broadcast(tensor, src=src)
+        buf = tensor.to(_comm_device())
+        dist.broadcast(buf, src=src)
+        if buf is not tensor:
+            tensor.copy_(buf)
     return tensor
 
 
@@ -58,22 +68,24 @@ def all_gather_object(obj: Any) -> list[Any]:
 def all_reduce_mean(t: torch.Tensor) -> torch.Tensor:
     if get_world_size() == 1:
         return t
-    t = t.clone()
-    dist.all_reduce(t)
-    return t / get_world_size()
+    out = t.to(_comm_device(), copy=True)
+    dist.all_reduce(out)
+    return (out / get_world_size()).to(t.device)
 
 
 def all_gather(tensor: torch.Tensor) -> list[torch.Tensor]:
     """Every rank's ``tensor``, in rank order; first-dimension sizes may differ across ranks.
 
     Sizes are exchanged first, each tensor is padded to the largest, gathered,
-    and trimmed back. Trailing dimensions and dtype must agree.
+    and trimmed back. Trailing dimensions and dtype must agree. Results are
+    on ``tensor``'s device.
     """
     world = get_world_size()
     if world == 1:
         return [tensor]
-    scalar = tensor.dim() == 0
-    tensor = tensor.contiguous().reshape(1) if scalar else tensor.contiguous()
+    scalar, home = tensor.dim() == 0, tensor.device
+    tensor = tensor.to(_comm_device()).contiguous()
+    tensor = tensor.reshape(1) if scalar else tensor
     size = torch.tensor([tensor.shape[0]], dtype=torch.long, device=tensor.device)
     sizes = [torch.zeros_like(size) for _ in range(world)]
     dist.all_gather(sizes, size)
@@ -84,20 +96,25 @@ def all_gather(tensor: torch.Tensor) -> list[torch.Tensor]:
         tensor = torch.cat([tensor, pad])
     out = [torch.empty_like(tensor) for _ in range(world)]
     dist.all_gather(out, tensor)
-    trimmed = [t[:n] for t, n in zip(out, lengths)]
+    trimmed = [t[:n].to(home) for t, n in zip(out, lengths)]
     return [t.reshape(()) for t in trimmed] if scalar else trimmed
 
 
 def reduce_dict(values: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Mean of each scalar over all ranks, returned on every rank (one all_reduce for the dict)."""
+    """Mean of each scalar over all ranks, returned on every rank (one all_reduce for the dict).
+
+    Values come back as float32 on the first value's device.
+    """
     if not values:
         return {}
-    keys = sorted(values)
-    stacked = torch.stack([torch.as_tensor(values[k]).detach().float().reshape(()) for k in keys])
+    keys = sorted(values)  # the same order on every rank
+    scalars = [torch.as_tensor(values[k]).detach().float().reshape(()) for k in keys]
+    home = scalars[0].device
+    stacked = torch.stack([v.to(home) for v in scalars])
     if get_world_size() > 1:
-        stacked = stacked.clone()
+        stacked = stacked.to(_comm_device())
         dist.all_reduce(stacked)
-        stacked /= get_world_size()
+        stacked = (stacked / get_world_size()).to(home)
     return {k: stacked[i] for i, k in enumerate(keys)}
 
 

@@ -11,6 +11,7 @@ import os
 import random
 from typing import Any, Mapping
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
@@ -62,7 +63,8 @@ def _backend(config: Any, cuda: bool) -> str:
     if backend == "auto":
         return "nccl" if cuda else "gloo"
     if backend == "nccl" and not cuda:
-        raise UserError("distributed.backend=nccl needs CUDA devices; set distributed.backend=gloo (or auto).")
+        raise UserError("distributed.backend=nccl needs CUDA devices; "
+                        "set distributed.backend=gloo (or auto).")
     return backend
 
 
@@ -105,7 +107,7 @@ def check_world_size(config: Any, launched: int) -> None:
     if configured <= 1 or configured == device_count() or configured == launched:
         return
     raise UserError(f"distributed.world_size={configured} but the launcher started {launched} processes; "
-                    f"set distributed.world_size={launched}.")
+                    f"set distributed.world_size={launched}")
 
 
 def init_distributed(config: Any = None, environ: Mapping[str, str] | None = None) -> DistEnv:
@@ -150,13 +152,8 @@ def seed_everything(seed: int, rank: int = 0) -> int:
     """Seed python, numpy and torch with ``seed + rank`` (per-rank randomness: dropout, augmentation)."""
     value = (int(seed) + int(rank)) % 2**32
     random.seed(value)
-    try:
-        import numpy as np
-
-        np.random.seed(value)
-    except ImportError:  # pragma: no cover - numpy is a dependency
-        pass
-    torch.manual_seed(value)
+    np.random.seed(value)
+    torch.manual_seed(value)  # also every CUDA device
     return value
 
 

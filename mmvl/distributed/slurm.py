@@ -93,7 +93,8 @@ def _int_env(env: Mapping[str, str], key: str) -> int:
     try:
         return int(env[key])
     except KeyError:
-        raise UserError(f"SLURM job with several tasks but {key} is not set; start the tasks with srun.") from None
+        raise UserError(f"SLURM job with several tasks but {key} is not set; "
+                        "start the tasks with srun.") from None
     except ValueError:
         raise UserError(f"{key}={env[key]!r} is not an integer.") from None
 
@@ -123,7 +124,8 @@ def detect_slurm(port: int | None = None, env: Mapping[str, str] | None = None) 
     local_world_size = _tasks_per_node(per_node, node_id)
     nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
     if not nodelist:
-        raise UserError("SLURM job with several tasks but SLURM_JOB_NODELIST is not set; start the tasks with srun.")
+        raise UserError("SLURM job with several tasks but SLURM_JOB_NODELIST is not set; "
+                        "start the tasks with srun.")
     hosts = expand_nodelist(nodelist)
     if not hosts:
         raise UserError(f"SLURM node list {nodelist!r} names no host.")

@@ -161,7 +161,11 @@ class VisualBert(BaseModel):
         return {"scores": self.classifier(self.bert.pooler(hidden))}
 
     def enable_gradient_checkpointing(self) -> None:
-        self.bert.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        kwargs = {"use_reentrant": False}
+        if hasattr(self.bert, "activation_checkpointing_enable"):  # transformers >= 5
+            self.bert.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            self.bert.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
         self.image_encoder.enable_gradient_checkpointing()
 
     def shard_units(self) -> list[nn.Module]:

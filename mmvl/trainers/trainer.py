@@ -59,7 +59,8 @@ class Trainer:
         self.batch_size = int(t.batch_size) // world
         self.builders = build_datasets(config)
         self._prepare_data()
-        self.model = build_model(config, self.builders)
+        self.model = build_model(config, self.builders,
+                                 checkpointing=not self.engine.strategy.handles_gradient_checkpointing)
         self.losses = build_losses(list(model_config(config, self.builders).get("losses") or []))
         optimizer = build_optimizer(self.model, config)
         self.model, self.optimizer = self.engine.prepare(self.model, optimizer)

@@ -4,18 +4,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dist_checks import StrategyContract
+from dist_contract import StrategyContract
+from dist_models import make_config
 from mmvl.distributed.env import DistEnv
 from mmvl.distributed.strategies import build_strategy, resolve_strategy_name
 from mmvl.errors import UserError
-from dist_models import make_config
 
 
 class TestDDP(StrategyContract):
     strategy = "ddp"
     cls_name = "DDPStrategy"
     sharded = False
-    extra = ("comm_count",)
 
     def test_accumulation_all_reduces_once_per_update(self, ranks):
         r = ranks[0]
@@ -61,3 +60,18 @@ def test_rebuilt_optimizer_keeps_group_hyperparameters():
     assert [g["weight_decay"] for g in rebuilt.param_groups] == [0.1, 0.0]
     assert [g["lr"] for g in rebuilt.param_groups] == [0.01, 0.5]
     assert "decoupled_weight_decay" not in Strategy.optimizer_defaults(opt)
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning", "ignore:torch.cuda.amp.GradScaler is enabled")
+def test_scalers_and_unwrapped_strategies_on_cpu():
+    from mmvl.distributed.strategies.dp import DataParallelStrategy
+    from mmvl.distributed.strategies.zero_fairscale import ZeroFairscaleStrategy
+
+    env = DistEnv()
+    assert DataParallelStrategy(make_config("dp"), env).make_grad_scaler(False) is None
+    assert type(ZeroFairscaleStrategy(make_config("zero_fairscale"), env).make_grad_scaler(True)).__name__ \
+        == "ShardedGradScaler"
+    model = torch.nn.Linear(2, 2)
+    dp = DataParallelStrategy(make_config("dp"), env)
+    wrapped, _ = dp.wrap(model, None)
+    assert wrapped is model and dp.unwrap(wrapped) is model  # one or no GPU: nothing to replicate

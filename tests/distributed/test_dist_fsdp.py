@@ -6,7 +6,8 @@ import os
 import pytest
 import torch
 
-from dist_checks import CLIP, HALF, STEPS, StrategyContract, assert_params_close
+from dist_checks import HALF, STEPS
+from dist_contract import StrategyContract, assert_params_close
 from dist_models import build, full_params, make_config, train
 from mmvl.distributed.env import DistEnv
 from mmvl.distributed.strategies.fsdp import FSDPStrategy, precision_dtype
@@ -16,8 +17,6 @@ from mmvl.errors import UserError
 class TestFSDP(StrategyContract):
     strategy = "fsdp"
     cls_name = "FSDPStrategy"
-    model_name = "transformer"
-    extra = ("checkpointing", "sharded")
 
     def test_activation_checkpointing_changes_nothing(self, ranks, ref):
         assert_params_close(ranks[0]["gc"], ref["clip"])
@@ -32,9 +31,18 @@ class TestFSDP(StrategyContract):
     def test_sharded_checkpoint_reshards_to_one_process(self, ranks, ref, workdir):
         # the world-2 DCP directory loads into a plain single-process model (no process group)
         strat, model, opt = build(self.model_name, "single")
-        FSDPStrategy(make_config("fsdp"), DistEnv()).load_sharded_state(model, opt, os.path.join(workdir, "sharded"))
+        fsdp = FSDPStrategy(make_config("fsdp"), DistEnv())
+        fsdp.load_sharded_state(model, opt, os.path.join(workdir, "sharded"))
         train(strat, model, opt, self.model_name, range(HALF, STEPS))
         assert_params_close(full_params(strat, model), ref["plain"])
+
+
+    def test_bf16_mixed_precision(self, ranks):
+        r = ranks[0]
+        assert r["bf16_output_dtype"] == "torch.bfloat16"
+        assert r["bf16_param_dtypes"] == ["torch.float32"]  # sharded master weights stay fp32
+        assert all(n == n and 0 < n < 100 for n in r["bf16_norms"])
+        assert r["bf16_moved"] > 0
 
 
 @pytest.mark.parametrize("name,dtype", [("fp32", None), ("bf16", torch.bfloat16), ("fp16", torch.float16)])

@@ -1,13 +1,12 @@
 """ZeRO on 2 gloo ranks (fairscale OSS+ShardedDDP, torch ZeroRedundancyOptimizer) equals one process."""
 from __future__ import annotations
 
-from dist_checks import StrategyContract, assert_params_close
+from dist_contract import StrategyContract, assert_params_close
 
 
 class TestZeroFairscale(StrategyContract):
     strategy = "zero_fairscale"
     cls_name = "ZeroFairscaleStrategy"
-    extra = ("int_step",)
 
     def test_reloads_state_with_integer_step(self, ranks, ref):
         # fairscale#1083: OSS hands a loaded `step` to Adam as it finds it (int, or on the param's device)
@@ -17,7 +16,6 @@ class TestZeroFairscale(StrategyContract):
 class TestZeroTorch(StrategyContract):
     strategy = "zero_torch"
     cls_name = "ZeroTorchStrategy"
-    extra = ("int_step",)
 
     def test_reloads_state_with_integer_step(self, ranks, ref):
         assert_params_close(ranks[0]["resumed_int_step"], ref["plain"])

@@ -17,22 +17,6 @@ from tests.fixtures.toy import register, toy_opts
 register()
 
 
-class StopAt(Callback):
-    """Simulates an interruption: stop after ``update`` (the end-of-train save still runs)."""
-
-    def __init__(self, trainer, update: int):
-        super().__init__(trainer)
-        self.at = update
-
-    def on_update_end(self, info):
-        if self.trainer.update == self.at:
-            self.trainer.should_stop = True
-
-
-if "stop_at" not in registry.CALLBACKS:
-    registry.CALLBACKS.register("stop_at", StopAt)
-
-
 def _params(trainer: Trainer) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in trainer.engine.unwrap_model(trainer.model).state_dict().items()}
 

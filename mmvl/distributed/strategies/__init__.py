@@ -9,7 +9,8 @@ import torch
 from mmvl.distributed import comm
 from mmvl.distributed.env import DistEnv
 from mmvl.distributed.init import config_value
-from mmvl.distributed.strategies import ddp, dp, fsdp, single, zero_fairscale, zero_torch  # noqa: F401 (registers)
+# importing each module registers its strategy
+from mmvl.distributed.strategies import ddp, dp, fsdp, single, zero_fairscale, zero_torch  # noqa: F401
 from mmvl.distributed.strategies.base import Strategy
 from mmvl.registry import STRATEGIES
 

@@ -80,10 +80,6 @@ class Strategy:
         """Context for non-boundary micro-steps: skip gradient communication."""
         yield
 
-    def zero_grad(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        """Drop gradients before an update's first micro-step (wrappers owning grad buffers override)."""
-        optimizer.zero_grad(set_to_none=True)
-
     def clip_grad_norm_(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                         max_norm: float) -> torch.Tensor:
         """Clip and return the *global* gradient norm (over all shards/ranks)."""
@@ -91,6 +87,10 @@ class Strategy:
         return torch.nn.utils.clip_grad_norm_(params, max_norm)
 
     # -- state --------------------------------------------------------------
+    # Sharded strategies gather or scatter inside these: call them on EVERY rank.
+    # Saving returns the complete state on rank 0; loading takes the full state on every rank.
+    # The format is the plain torch one for every strategy, so checkpoints move between
+    # strategies and world sizes.
     def model_state_dict(self, model: torch.nn.Module) -> dict[str, Any]:
         """Full (unsharded) model state, valid on rank 0 at least."""
         return self.unwrap(model).state_dict()

@@ -19,8 +19,8 @@ from mmvl.errors import UserError
 from mmvl.registry import register_strategy
 
 _PRECISIONS = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "bf16-mixed": torch.bfloat16,
-               "fp16": torch.float16, "float16": torch.float16, "16": torch.float16, "16-mixed": torch.float16,
-               "fp32": None, "float32": None, "32": None, "tf32": None}
+               "fp16": torch.float16, "float16": torch.float16, "16": torch.float16,
+               "16-mixed": torch.float16, "fp32": None, "float32": None, "32": None, "tf32": None}
 
 
 def precision_dtype(config: Any) -> torch.dtype | None:
@@ -51,13 +51,15 @@ def _index_form(state: dict[str, Any]) -> dict[str, Any]:
     return {"state": {index[fqn]: value for fqn, value in state["state"].items()}, "param_groups": groups}
 
 
-def _fqn_form(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> dict[str, Any]:
+def _fqn_form(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+              state: dict[str, Any]) -> dict[str, Any]:
     """Integer-indexed optimizer state -> FQN keys, following this optimizer's parameter order."""
     names = _param_names(model)
     order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
-    if len(order) != sum(len(g["params"]) for g in state["param_groups"]):
-        raise UserError(f"The checkpoint's optimizer state covers {sum(len(g['params']) for g in state['param_groups'])}"
-                        f" parameters but this model's optimizer has {len(order)}; resume with the same model config.")
+    saved = sum(len(g["params"]) for g in state["param_groups"])
+    if len(order) != saved:
+        raise UserError(f"The checkpoint's optimizer state covers {saved} parameters but this model's "
+                        f"optimizer has {len(order)}; resume with the same model and optimizer config.")
 
     def fqn(key: Any) -> str:
         return key if isinstance(key, str) else order[key]
@@ -79,33 +81,40 @@ class FSDPStrategy(Strategy):
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         dtype = precision_dtype(self.config)
-        policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype else \
-            MixedPrecisionPolicy()
+        policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None)
         mesh = init_device_mesh(self.env.device.type, (self.env.world_size,))
         units = list(model.shard_units()) if hasattr(model, "shard_units") else []
         if config_value(self.config, "training.gradient_checkpointing", False):
-            if units:
-                from torch.distributed._composable import checkpoint
-
-                for unit in units:
-                    checkpoint(unit)
-            elif hasattr(model, "enable_gradient_checkpointing"):
-                model.enable_gradient_checkpointing()
+            self._checkpoint_activations(model, units)
         reshard = bool(config_value(self.config, "distributed.reshard_after_forward", True))
         old_names = _param_names(model)
         for unit in units:
             fully_shard(unit, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
+        # the root's parameters are needed again right at the start of backward: keep them
         fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
         if optimizer is not None:
-            new_params = dict(model.named_parameters())
-            missing = [id_ for id_ in (id(p) for g in optimizer.param_groups for p in g["params"])
-                       if id_ not in old_names]
-            if missing:
-                raise UserError("The optimizer holds parameters that are not in the model; "
-                                "build the optimizer from model.parameters() before fsdp wraps it.")
-            remap = {id_: new_params[name] for id_, name in old_names.items()}
-            optimizer = type(optimizer)(self.param_groups(optimizer, remap), **self.optimizer_defaults(optimizer))
+            optimizer = self._rebuild_optimizer(model, optimizer, old_names)
         return model, optimizer
+
+    @staticmethod
+    def _checkpoint_activations(model: torch.nn.Module, units: list[torch.nn.Module]) -> None:
+        """Recompute each shard unit's activations in backward (the model's own switch without units)."""
+        if units:
+            from torch.distributed._composable import checkpoint
+
+            for unit in units:
+                checkpoint(unit)
+        elif hasattr(model, "enable_gradient_checkpointing"):
+            model.enable_gradient_checkpointing()
+
+    def _rebuild_optimizer(self, model, optimizer, old_names: dict[int, str]):
+        """The same optimizer class and groups, on the DTensor parameters that replaced the originals."""
+        if any(id(p) not in old_names for g in optimizer.param_groups for p in g["params"]):
+            raise UserError("The optimizer holds parameters that are not in the model; "
+                            "build the optimizer from model.parameters() before fsdp wraps it.")
+        new_params = dict(model.named_parameters())
+        remap = {id_: new_params[name] for id_, name in old_names.items()}
+        return type(optimizer)(self.param_groups(optimizer, remap), **self.optimizer_defaults(optimizer))
 
     @contextlib.contextmanager
     def no_sync(self, model: torch.nn.Module) -> Iterator[None]:

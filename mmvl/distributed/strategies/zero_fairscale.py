@@ -47,6 +47,13 @@ class ZeroFairscaleStrategy(Strategy):
             model, optimizer,
             broadcast_buffers=bool(config_value(self.config, "distributed.broadcast_buffers", True)),
             reduce_buffer_size=int(config_value(self.config, "distributed.reduce_buffer_size", 2**23)))
+
+        def zero_grad(set_to_none: bool = True) -> None:
+            model.zero_grad(set_to_none=set_to_none)
+
+        # ShardedDDP keeps gradients as views of its reduce buckets: dropping them through the
+        # optimizer (set_to_none) would make it reduce stale buckets, so only it may clear them.
+        optimizer.zero_grad = zero_grad
         return model, optimizer
 
     def make_grad_scaler(self, enabled: bool) -> Any:
@@ -58,10 +65,6 @@ class ZeroFairscaleStrategy(Strategy):
 
     def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
         return getattr(model, "module", model)
-
-    def zero_grad(self, model, optimizer) -> None:
-        # ShardedDDP keeps some gradients as views of its reduce buckets: it must clear them itself.
-        model.zero_grad(set_to_none=True)
 
     @contextlib.contextmanager
     def no_sync(self, model: torch.nn.Module) -> Iterator[None]:

@@ -9,10 +9,12 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
 from mmvl.distributed.strategies.ddp import DDPStrategy
 from mmvl.registry import register_strategy
 
 
+# shared with zero_fairscale: both load a full torch-format state into a sharded optimizer
 def shallow_state_copy(state: dict[str, Any]) -> dict[str, Any]:
     """A copy whose containers can be mutated (sharded loaders blank other ranks' entries)."""
     return {**state, "state": dict(state["state"]),
@@ -46,8 +48,8 @@ class ZeroTorchStrategy(DDPStrategy):
 
         model, _ = super().wrap(model, None)
         if optimizer is not None:
-            optimizer = ZeroRedundancyOptimizer(self.param_groups(optimizer),
-                                                optimizer_class=type(optimizer), **self.optimizer_defaults(optimizer))
+            optimizer = ZeroRedundancyOptimizer(self.param_groups(optimizer), optimizer_class=type(optimizer),
+                                                **self.optimizer_defaults(optimizer))
         return model, optimizer
 
     def optimizer_state_dict(self, model, optimizer) -> dict[str, Any]:

