@@ -4,3 +4,4 @@ from mmvl.models.base import BaseModel
 from mmvl.models.visual_bert import VisualBert
 
 __all__ = ["BaseModel", "VisualBert"]
+from mmvl.models import concat_bert, mmbt  # noqa: F401,E402

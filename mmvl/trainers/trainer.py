@@ -212,6 +212,8 @@ class Trainer:
                 values = {k: float(v) for k, v in compute_losses(self.losses, data, output).items()}
                 values["total_loss"] = sum(values.values())
             for metric in self.metrics[name]:
+                if not all(k in data for k in metric.required_keys):
+                    continue  # an unlabelled split (e.g. a test set): predictions only
                 values.update({k: float(v) for k, v in metric(data, output).items()})
             values.update(builder.extra_metrics(split))
             results[name] = values

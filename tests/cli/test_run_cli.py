@@ -71,3 +71,15 @@ def test_predict_writes_predictions_file(tmp_path):
     rows = json.loads((tmp_path / "pred" / "predictions" / "toy_test.json").read_text())
     assert len(rows) == 21 and sorted(r["id"] for r in rows) == list(range(21))
     assert all(r["answer"] in (0, 1, 2) for r in rows)
+
+
+def test_world_size_mismatch_exit_2(tmp_path):
+    env = dict(os.environ, RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT="29655")
+    proc = subprocess.run(
+        [sys.executable, "-m", "mmvl_cli.run", "model=toy_mlp", "datasets=toy",
+         "env.user_dir=tests/fixtures", f"env.save_dir={tmp_path}", "distributed.world_size=4"],
+        capture_output=True, text=True, cwd=ROOT, timeout=120, env=env)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "distributed.world_size=4" in lines[0] and "Traceback" not in proc.stderr

@@ -106,8 +106,13 @@ def test_gradient_checkpointing_and_shard_units(name):
     b = batch()
     plain, ckpt = tiny(name).train(), tiny(name).train()
     ckpt.enable_gradient_checkpointing()
+    assert all(layer.gradient_checkpointing for layer in ckpt.bert.encoder.layer)
+    assert not any(layer.gradient_checkpointing for layer in plain.bert.encoder.layer)
+    recomputed = []  # checkpointed image-encoder stages run again in backward
+    ckpt.visual.image_encoder.stages[0].register_forward_pre_hook(lambda *_: recomputed.append(1))
     for model in (plain, ckpt):
         nn.functional.cross_entropy(model(b)["scores"], b["targets"]).backward()
+    assert len(recomputed) == 2
     grads = [{n: p.grad for n, p in m.named_parameters() if p.grad is not None} for m in (plain, ckpt)]
     assert grads[0].keys() == grads[1].keys() and len(grads[0]) > 10
     for key in grads[0]:

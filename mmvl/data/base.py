@@ -1,0 +1,57 @@
+"""The dataset-builder contract.
+
+A builder owns one dataset: it creates the files on first use (``prepare``,
+run on rank 0 only while the other ranks wait), builds a ``torch`` dataset per
+split whose items are plain dicts, and says how to collate them. It never
+knows about devices or ranks.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from omegaconf import DictConfig
+from torch.utils.data import Dataset
+
+from mmvl.data.sample import collate
+
+
+class DatasetBuilder:
+    """Base class for registered datasets (``@registry.register_dataset``).
+
+    ``config`` is ``dataset_config.<name>``; ``data_dir`` is ``env.data_dir``.
+    """
+
+    #: default YAML (relative to the repo's ``configs/``), merged before the user's file
+    config_path: str | None = None
+
+    def __init__(self, config: DictConfig, data_dir: str):
+        self.config = config
+        self.data_dir = data_dir
+
+    def prepare(self) -> None:
+        """Create or check the data on disk. Called on rank 0 before ``build``."""
+
+    def build(self, split: str) -> Dataset:
+        """Return the dataset for ``split`` (``train``, ``val`` or ``test``)."""
+        raise NotImplementedError
+
+    def collate(self, items: list[dict[str, Any]]) -> dict[str, Any]:
+        """Make a batch; the default pads variable-length tensors to the longest."""
+        return collate(items)
+
+    #: ``json`` or ``csv``: the file format ``predictions`` rows are written in
+    prediction_format = "json"
+
+    def predictions(self, data: dict[str, Any], scores: Any) -> list[dict[str, Any]]:
+        """One row per sample for ``predictions/<dataset>_<split>.<format>``.
+
+        ``data`` holds the gathered evaluation fields (``id`` and the metrics'
+        keys) in dataset order; the default gives the arg-max class index.
+        """
+        ids = data.get("id", list(range(len(scores))))
+        ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
+        return [{"id": i, "answer": int(a)} for i, a in zip(ids, scores.argmax(-1).tolist())]
+
+    def extra_metrics(self, split: str) -> dict[str, float]:
+        """Dataset-level reference numbers logged with every evaluation (e.g. ``accuracy/prior``)."""
+        return {}

@@ -1,0 +1,7 @@
+"""Registered datasets; importing this package registers them."""
+from mmvl.data import processors  # noqa: F401  (datasets build their processors by name)
+from mmvl.data.datasets import sort_of_clevr  # noqa: F401  (registers sort_of_clevr)
+from mmvl.data.datasets.sort_of_clevr import SortOfClevrBuilder, SortOfClevrDataset
+
+__all__ = ["SortOfClevrBuilder", "SortOfClevrDataset"]
+from mmvl.data.datasets import coco_captions, hateful_memes, vqa2  # noqa: F401,E402

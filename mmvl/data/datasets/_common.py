@@ -1,0 +1,350 @@
+"""Shared loading for the file-based vision-and-language datasets (VQA v2, COCO, Hateful Memes).
+
+Every problem a user can cause (a wrong path, a truncated download, a record
+without a field, an unreadable image) becomes a one-line :class:`UserError`
+naming the file and what is wrong, instead of a ``KeyError`` deep in a worker.
+"""
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping
+
+from omegaconf import DictConfig, OmegaConf
+from torch.utils.data import Dataset
+
+from mmvl.data.base import DatasetBuilder
+from mmvl.data.processors.image import TorchvisionTransforms
+from mmvl.errors import UserError
+from mmvl.registry import PROCESSORS
+
+log = logging.getLogger("mmvl")
+
+BAD_IMAGE_POLICIES = ("error", "skip")
+_PLAIN_PIXELS = TorchvisionTransforms()  # float C x H x W in [0, 1] when no image_processor is set
+
+
+def plain(value: Any) -> Any:
+    """OmegaConf nodes -> plain Python containers (resolved)."""
+    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+
+
+def data_path(data_dir: str, folder: str | None, path: str | os.PathLike) -> Path:
+    """``path`` as given when absolute, else under ``<data_dir>/<folder>``."""
+    p = Path(os.path.expanduser(str(path)))
+    if p.is_absolute():
+        return p
+    base = Path(os.path.expanduser(str(data_dir)))
+    return base / folder / p if folder else base / p
+
+
+def _require_file(path: Path, dataset: str, what: str) -> None:
+    if not path.is_file():
+        hint = "it is a folder" if path.is_dir() else "it does not exist"
+        raise UserError(f"{dataset}: {what} {str(path)!r} cannot be read ({hint}); check env.data_dir and "
+                        f"dataset_config.{dataset} paths, or download the official files there.")
+
+
+def load_json(path: Path, dataset: str, what: str = "annotation file") -> Any:
+    """Parse one JSON file; missing or invalid (e.g. truncated) files raise a one-line UserError."""
+    _require_file(path, dataset, what)
+    try:
+        with open(path, "r", encoding="utf-8") as f:
+            return json.load(f)
+    except json.JSONDecodeError as e:
+        raise UserError(f"{dataset}: {what} {str(path)!r} is not valid JSON (line {e.lineno}, column {e.colno}: "
+                        f"{e.msg}); the file may be truncated, download it again.") from None
+    except (UnicodeDecodeError, OSError) as e:
+        raise UserError(f"{dataset}: {what} {str(path)!r} cannot be read ({e}); download it again.") from None
+
+
+def load_jsonl(path: Path, dataset: str, what: str = "annotation file") -> list[dict[str, Any]]:
+    """One JSON object per line (blank lines ignored); errors name the line number."""
+    _require_file(path, dataset, what)
+    records = []
+    try:
+        with open(path, "r", encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise UserError(f"{dataset}: {what} {str(path)!r} line {lineno} is not valid JSON ({e.msg}); "
+                                    "fix or re-download the file.") from None
+                if not isinstance(record, dict):
+                    raise UserError(f"{dataset}: {what} {str(path)!r} line {lineno} is a "
+                                    f"{type(record).__name__}, expected a JSON object.")
+                record["_line"] = lineno
+                records.append(record)
+    except UnicodeDecodeError as e:
+        raise UserError(f"{dataset}: {what} {str(path)!r} is not UTF-8 text ({e.reason}).") from None
+    return records
+
+
+def field_list(doc: Any, key: str, path: Path, dataset: str) -> list[Any]:
+    """``doc[key]`` that must be a list (e.g. VQA's ``questions``, COCO's ``annotations``)."""
+    if not isinstance(doc, dict) or key not in doc:
+        found = sorted(doc)[:5] if isinstance(doc, dict) else type(doc).__name__
+        raise UserError(f"{dataset}: {str(path)!r} has no top-level {key!r} field (found {found}); "
+                        "is it the right file for this split?")
+    if not isinstance(doc[key], list):
+        raise UserError(f"{dataset}: {str(path)!r} field {key!r} must be a list, got {type(doc[key]).__name__}.")
+    return doc[key]
+
+
+def require_fields(record: Any, fields: Iterable[str], path: Path, dataset: str, where: str) -> None:
+    """Raise naming ``path``, the record (``where``: "line 3", "annotations[5]") and the first missing field."""
+    if not isinstance(record, dict):
+        raise UserError(f"{dataset}: {str(path)!r} {where} is a {type(record).__name__}, expected an object.")
+    for name in fields:
+        if name not in record:
+            raise UserError(f"{dataset}: {str(path)!r} {where} has no {name!r} field (it has {sorted(record)}); "
+                            "the file does not follow the official format.")
+
+
+def build_processor(spec: Any, dataset: str, key: str, **extra: Any) -> Any:
+    """``{type, params}`` -> a registered processor; ``extra`` fills params the spec leaves unset/null.
+
+    An ``extra`` key the processor does not accept is dropped, so builders can
+    offer e.g. the training texts to any text processor; so are null params it
+    does not accept, so a YAML default like ``vocab_file: null`` survives a
+    switch of ``type``.
+    """
+    spec = plain(spec) or {}
+    if not isinstance(spec, Mapping) or "type" not in spec:
+        raise UserError(f"{dataset}: processors.{key} must be {{type: <processor>, params: {{...}}}}, got {spec!r}.")
+    cls = PROCESSORS.get(str(spec["type"]))
+    params = dict(spec.get("params") or {})
+    accepted = _accepted(cls)
+    for name, value in extra.items():
+        if params.get(name) is None and (accepted is None or name in accepted):
+            params[name] = value() if callable(value) else value
+    if accepted is not None:
+        # a null param another processor type takes (vocab_file after switching to bert_tokenizer) is unset
+        params = {k: v for k, v in params.items() if k in accepted or v is not None}
+        unknown = sorted(set(params) - accepted)
+        if unknown:
+            raise UserError(f"{dataset}: processors.{key} ({spec['type']}) got unknown params {unknown}; "
+                            f"accepted: {sorted(accepted)}.")
+    return cls(**params)
+
+
+def _accepted(cls: Any) -> set[str] | None:
+    try:
+        sig = inspect.signature(cls)
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
+        return None
+    return {n for n, p in sig.parameters.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+
+def accepts(cls_or_obj: Any, name: str) -> bool:
+    accepted = _accepted(cls_or_obj if isinstance(cls_or_obj, type) else type(cls_or_obj))
+    return accepted is None or name in accepted
+
+
+# -- images ------------------------------------------------------------------------------------
+def check_policy(value: Any, dataset: str) -> str:
+    value = str(value)
+    if value not in BAD_IMAGE_POLICIES:
+        raise UserError(f"{dataset}: on_bad_image={value!r}; use 'error' or 'skip'.")
+    return value
+
+
+def image_is_readable(path: Path) -> bool:
+    """Cheap check (file exists and PIL recognises its header); full decoding happens on use."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as img:
+            img.size  # noqa: B018  (header only)
+        return True
+    except (OSError, UnidentifiedImageError, ValueError):
+        return False
+
+
+def filter_unreadable(records: list[dict[str, Any]], path_of: Callable[[dict[str, Any]], Path],
+                      dataset: str, split: str, policy: str) -> list[dict[str, Any]]:
+    """With ``skip``: drop records whose image is missing or unreadable, logging how many.
+
+    With ``error``: only check the first image (a wrong folder fails at once, naming the path);
+    every other image is checked when it is decoded.
+    """
+    if not records:
+        return records
+    if policy == "error":
+        first = path_of(records[0])
+        if not first.is_file():
+            raise UserError(f"{dataset} {split}: image {str(first)!r} does not exist; check the images folder in "
+                            f"dataset_config.{dataset}, or set on_bad_image: skip to drop missing images.")
+        return records
+    verdict: dict[Path, bool] = {}
+    kept, bad = [], []
+    for record in records:
+        p = path_of(record)
+        if p not in verdict:
+            verdict[p] = image_is_readable(p)
+        (kept if verdict[p] else bad).append(record)
+    if bad:
+        log.warning("%s %s: skipped %d of %d samples whose image is missing or unreadable (e.g. %s)",
+                    dataset, split, len(bad), len(records), path_of(bad[0]))
+    if not kept:
+        raise UserError(f"{dataset} {split}: none of the {len(records)} images can be read (e.g. "
+                        f"{str(path_of(records[0]))!r}); check the images folder.")
+    return kept
+
+
+def decode_image(path: Path) -> Any:
+    """An RGB PIL image; raises OSError/ValueError when the file cannot be decoded."""
+    from PIL import Image
+
+    with Image.open(path) as img:
+        img.load()
+        return img.convert("RGB")
+
+
+class ImageLoading:
+    """Mixin for datasets whose items hold ``image`` (transformed pixels) or region ``features``.
+
+    Subclasses set ``dataset``, ``records``, ``policy``, ``image_processor``,
+    ``features_processor`` and implement ``image_path(record)``/``feature_key(record)``
+    and ``make_item(index)``. A decode failure under ``skip`` serves the next
+    readable sample and logs the running count of skipped images.
+    """
+
+    dataset: str
+    records: list[dict[str, Any]]
+    policy: str
+    image_processor: Any
+    features_processor: Any
+    skipped: int = 0
+
+    def image_path(self, record: dict[str, Any]) -> Path:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def feature_key(self, record: dict[str, Any]) -> str:
+        return self.image_path(record).stem
+
+    def visual_inputs(self, record: dict[str, Any]) -> dict[str, Any] | None:
+        """``{"image": tensor}`` or ``{"features", "boxes", "feature_mask", ...}``; None if skipped."""
+        if self.features_processor is not None:
+            sample = dict(self.features_processor(self.feature_key(record)))
+            out = {"features": sample.pop("features"), "feature_mask": sample.pop("mask")}
+            if sample.get("boxes") is not None:
+                out["boxes"] = sample.pop("boxes")
+            return out
+        path = self.image_path(record)
+        try:
+            image = decode_image(path)
+        except (OSError, ValueError) as e:
+            if self.policy == "error":
+                raise UserError(f"{self.dataset}: image {str(path)!r} cannot be decoded ({e}); replace the file or "
+                                "set on_bad_image: skip.") from None
+            self.skipped += 1
+            log.warning("%s: skipped undecodable image %s (%s); %d skipped so far in this process",
+                        self.dataset, path, e, self.skipped)
+            return None
+        return {"image": (self.image_processor or _PLAIN_PIXELS)(image)}
+
+    def make_item(self, index: int) -> dict[str, Any] | None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        for step in range(len(self.records)):
+            item = self.make_item((index + step) % len(self.records))
+            if item is not None:
+                return item
+        raise UserError(f"{self.dataset}: no image of this split can be decoded; check the image files.")
+
+
+# -- the builders' shared plumbing -------------------------------------------------------------
+class FileDatasetBuilder(DatasetBuilder):
+    """Splits described under ``splits.<split>``, processors under ``processors``, built datasets cached.
+
+    Subclasses set ``name`` and implement ``load_records(split)``, ``train_texts()``
+    and ``make_dataset(split, records)``.
+    """
+
+    name = "dataset"
+
+    def __init__(self, config: DictConfig, data_dir: str):
+        super().__init__(config if config is not None else OmegaConf.create({}), data_dir)
+        self.cfg: dict[str, Any] = plain(self.config) or {}
+        self.policy = check_policy(self.cfg.get("on_bad_image", "error"), self.name)
+        self._records: dict[str, list[dict[str, Any]]] = {}
+        self._datasets: dict[str, Dataset] = {}
+        self._processors: dict[str, Any] = {}
+
+    def path(self, relative: str | os.PathLike) -> Path:
+        return data_path(self.data_dir, self.cfg.get("data_folder"), relative)
+
+    def split_config(self, split: str) -> dict[str, Any]:
+        splits = self.cfg.get("splits") or {}
+        spec = splits.get(split)
+        if not spec:
+            configured = [s for s, v in splits.items() if v]
+            raise UserError(f"{self.name}: split {split!r} is not configured (configured: {configured}); set "
+                            f"dataset_config.{self.name}.splits.{split} or choose another run_type.")
+        return dict(spec)
+
+    def records(self, split: str) -> list[dict[str, Any]]:
+        """The split's samples as plain dicts (loaded once, capped at ``max_samples``)."""
+        if split not in self._records:
+            records = self.load_records(split)
+            cap = self.cfg.get("max_samples")
+            self._records[split] = records[: int(cap)] if cap else records
+        return self._records[split]
+
+    def processor(self, key: str, **extra: Any) -> Any:
+        """The processor configured under ``processors.<key>`` (None when unset or null)."""
+        if key not in self._processors:
+            spec = (self.cfg.get("processors") or {}).get(key)
+            self._processors[key] = build_processor(spec, self.name, key, **extra) if spec else None
+        return self._processors[key]
+
+    def has_vocab_file(self, key: str) -> bool:
+        spec = (self.cfg.get("processors") or {}).get(key) or {}
+        return bool((spec.get("params") or {}).get("vocab_file"))
+
+    def text_extras(self) -> dict[str, Any]:
+        """Params offered to the text processor (dropped when it does not take them)."""
+        return {} if self.has_vocab_file("text_processor") else {"texts": self.train_texts}
+
+    @property
+    def text_processor(self) -> Any:
+        proc = self.processor("text_processor", **self.text_extras())
+        if proc is None:
+            raise UserError(f"{self.name}: processors.text_processor is not set; use e.g. "
+                            "{type: vocab} or {type: bert_tokenizer, params: {tokenizer_path: minilm}}.")
+        return proc
+
+    @property
+    def image_processor(self) -> Any:
+        return self.processor("image_processor")
+
+    @property
+    def features_processor(self) -> Any:
+        spec = (self.cfg.get("processors") or {}).get("features")
+        if spec:
+            import mmvl.data.features  # noqa: F401  (registers the features processor)
+        return self.processor("features", data_dir=self.data_dir)
+
+    def build(self, split: str) -> Dataset:
+        if split not in self._datasets:
+            self._datasets[split] = self.make_dataset(split, self.records(split))
+        return self._datasets[split]
+
+    def keep_readable(self, split: str, records: list[dict[str, Any]],
+                      path_of: Callable[[dict[str, Any]], Path]) -> list[dict[str, Any]]:
+        """Apply ``on_bad_image`` up front (pixels only; feature runs never open images)."""
+        if self.features_processor is not None:
+            return records
+        return filter_unreadable(records, path_of, self.name, split, self.policy)

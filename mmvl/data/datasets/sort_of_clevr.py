@@ -1,0 +1,276 @@
+"""Sort-of-CLEVR (Santoro et al. 2017): a synthetic relational VQA task, generated on first use.
+
+Each 75x75 image holds six non-overlapping objects of distinct colours, each a
+circle or a square. Questions come in six types over the six colours:
+non-relational (shape, left?, top?) and relational (shape of the closest /
+furthest object, count of objects of the same shape). Scenes are resampled
+until no closest/furthest answer is a tie, so every answer is unambiguous.
+
+Files live in ``<data_dir>/sort_of_clevr/<hash of the generation params>/``:
+``<split>.npz`` (``images`` uint8 NxHxWx3, ``centers`` Nx6x2 as (x, y),
+``shapes`` Nx6 with 0 circle, 1 square), ``<split>_questions.json`` and a word
+``vocab.txt`` (every word the question templates can produce). ``val`` and ``test`` are two separate held-out sets with their
+own seeds, both disjoint from ``train`` by construction.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torch.utils.data import Dataset
+
+from mmvl.data.base import DatasetBuilder
+from mmvl.data.processors.text import SPECIAL_TOKENS, words_of, write_word_vocab
+from mmvl.errors import UserError
+from mmvl.registry import PROCESSORS, register_dataset
+
+COLORS = {"red": (255, 0, 0), "green": (0, 255, 0), "blue": (0, 0, 255),
+          "orange": (255, 156, 0), "gray": (128, 128, 128), "yellow": (255, 255, 0)}
+COLOR_NAMES = list(COLORS)
+SHAPES = ["circle", "square"]
+ANSWERS = ["circle", "square", "yes", "no", "1", "2", "3", "4", "5", "6"]
+TEMPLATES = [
+    "what is the shape of the {} object?",
+    "is the {} object on the left?",
+    "is the {} object on the top?",
+    "what is the shape of the object closest to the {} object?",
+    "what is the shape of the object furthest from the {} object?",
+    "how many objects have the same shape as the {} object?",
+]
+FAMILY_NAMES = ["non_relational", "relational"]
+GENERATOR_VERSION = 1
+SPLITS = ("train", "val", "test")
+
+
+def all_questions() -> list[str]:
+    """Every question the generator can ask (6 types x 6 colours): the word vocabulary's source."""
+    return [t.format(c) for t in TEMPLATES for c in COLOR_NAMES]
+
+
+def render(xy: np.ndarray, shapes: np.ndarray, size: int, obj: int, background: int) -> np.ndarray:
+    """Draw objects (centres ``xy`` as (x, y), shapes 0 circle / 1 square) in :data:`COLORS` order."""
+    img = np.full((size, size, 3), background, dtype=np.uint8)
+    ys, xs = np.ogrid[0:size, 0:size]
+    for (x, y), shape, rgb in zip(xy, shapes, COLORS.values()):
+        if shape == 0:
+            mask = (xs - x) ** 2 + (ys - y) ** 2 <= obj * obj
+        else:
+            mask = (np.abs(xs - x) <= obj) & (np.abs(ys - y) <= obj)
+        img[mask] = rgb
+    return img
+
+
+def sample_scene(rng: np.random.Generator, size: int, obj: int) -> tuple[np.ndarray, np.ndarray]:
+    """Object centres and shapes, resampled until every closest/furthest answer is unambiguous."""
+    lo, hi = obj, size - obj - 1
+    while True:
+        centers: list[tuple[int, int]] = []
+        while len(centers) < len(COLORS):
+            c = (int(rng.integers(lo, hi + 1)), int(rng.integers(lo, hi + 1)))
+            # Chebyshev gap > 2*obj+1 keeps squares (and so circles) one pixel apart.
+            if all(max(abs(c[0] - d[0]), abs(c[1] - d[1])) > 2 * obj + 1 for d in centers):
+                centers.append(c)
+        xy = np.array(centers, dtype=np.int64)
+        d2 = ((xy[:, None, :] - xy[None, :, :]) ** 2).sum(-1)
+        if all(len(set(np.delete(row, i).tolist())) == len(row) - 1 for i, row in enumerate(d2)):
+            return xy, rng.integers(0, 2, size=len(COLORS)).astype(np.int64)
+
+
+def answer(qtype: int, color: int, xy: np.ndarray, shapes: np.ndarray, size: int) -> int:
+    """The index in :data:`ANSWERS` answering question ``qtype`` about the object of colour ``color``."""
+    yes, no = ANSWERS.index("yes"), ANSWERS.index("no")
+    if qtype == 0:
+        return int(shapes[color])
+    if qtype == 1:
+        return yes if xy[color, 0] < size / 2 else no
+    if qtype == 2:
+        return yes if xy[color, 1] < size / 2 else no
+    d2 = ((xy - xy[color]) ** 2).sum(-1)
+    if qtype == 3:
+        d2[color] = np.iinfo(np.int64).max
+        return int(shapes[int(np.argmin(d2))])
+    if qtype == 4:
+        return int(shapes[int(np.argmax(d2))])
+    return ANSWERS.index(str(int((shapes == shapes[color]).sum())))
+
+
+def generate_split(num_images: int, questions_per_image: int, seed: int, size: int, obj: int,
+                   background: int) -> tuple[dict[str, np.ndarray], list[dict[str, Any]]]:
+    """Arrays and question records for one split; the same arguments give the same output."""
+    rng = np.random.default_rng(seed)
+    images = np.empty((num_images, size, size, 3), dtype=np.uint8)
+    centers = np.empty((num_images, len(COLORS), 2), dtype=np.int64)
+    shapes = np.empty((num_images, len(COLORS)), dtype=np.int64)
+    n_rel = questions_per_image // 2
+    n_non = questions_per_image - n_rel
+    questions: list[dict[str, Any]] = []
+    for i in range(num_images):
+        centers[i], shapes[i] = sample_scene(rng, size, obj)
+        images[i] = render(centers[i], shapes[i], size, obj, background)
+        # Non-relational pairs are (type 0..2, colour), relational (type 3..5, colour): 18 each.
+        picks = [int(p) for p in rng.permutation(18)[:n_non]] + [18 + int(p) for p in rng.permutation(18)[:n_rel]]
+        for p in picks:
+            qtype, color = p // 6, p % 6
+            questions.append({
+                "id": len(questions), "image": i, "type": qtype, "color": color,
+                "question": TEMPLATES[qtype].format(COLOR_NAMES[color]),
+                "answer": answer(qtype, color, centers[i], shapes[i], size),
+            })
+    return {"images": images, "centers": centers, "shapes": shapes}, questions
+
+
+class SortOfClevrDataset(Dataset):
+    """One split: items are dicts of a normalised image, question tokens and the answer index."""
+
+    def __init__(self, images: np.ndarray, questions: list[dict[str, Any]], text_processor,
+                 mean: list[float], std: list[float]):
+        self.images = torch.from_numpy(images).permute(0, 3, 1, 2).contiguous()  # uint8 NxCxHxW
+        self.questions = questions
+        self.text_processor = text_processor
+        std_t = torch.tensor(std, dtype=torch.float32).view(3, 1, 1)
+        self.scale = 1.0 / (255.0 * std_t)
+        self.shift = -torch.tensor(mean, dtype=torch.float32).view(3, 1, 1) / std_t
+
+    def __len__(self) -> int:
+        return len(self.questions)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        q = self.questions[index]
+        item: dict[str, Any] = {"image": self.images[q["image"]].float() * self.scale + self.shift}
+        item.update(self.text_processor(q["question"]))
+        item.update(targets=q["answer"], question_family=int(q["type"] >= 3), question_type=q["type"],
+                    id=q["id"], image_id=q["image"])
+        return item
+
+
+@register_dataset("sort_of_clevr")
+class SortOfClevrBuilder(DatasetBuilder):
+    """Generates Sort-of-CLEVR on first use and serves its ``train``/``val``/``test`` splits."""
+
+    config_path = "datasets/sort_of_clevr.yaml"
+    answer_vocab = ANSWERS
+
+    def __init__(self, config: DictConfig, data_dir: str):
+        super().__init__(config, data_dir)
+        get = lambda key, default: config.get(key, default) if config is not None else default  # noqa: E731
+        self.params = {
+            "num_images": int(get("num_images", 10000)), "num_val_images": int(get("num_val_images", 500)),
+            "num_test_images": int(get("num_test_images", 500)),
+            "questions_per_image": int(get("questions_per_image", 20)), "seed": int(get("seed", 0)),
+            "image_size": int(get("image_size", 75)), "object_size": int(get("object_size", 5)),
+            "background": str(get("background", "white")), "version": GENERATOR_VERSION,
+        }
+        self._check_params()
+        self.mean = list(get("mean", [0.5, 0.5, 0.5]))
+        self.std = list(get("std", [0.5, 0.5, 0.5]))
+        digest = hashlib.sha1(json.dumps(self.params, sort_keys=True).encode()).hexdigest()[:10]
+        self.root = Path(os.path.expanduser(str(data_dir))) / "sort_of_clevr" / digest
+        self._processor = None
+        self._questions: dict[str, list[dict[str, Any]]] = {}
+
+    def _check_params(self) -> None:
+        p = self.params
+        if not 1 <= p["questions_per_image"] <= 36:
+            raise UserError(f"sort_of_clevr: questions_per_image={p['questions_per_image']} must be in 1..36 "
+                            "(6 question types x 6 colours).")
+        if p["background"] not in ("white", "black"):
+            raise UserError(f"sort_of_clevr: background={p['background']!r}; use 'white' or 'black'.")
+        for key in ("num_images", "num_val_images", "num_test_images"):
+            if p[key] < 1:
+                raise UserError(f"sort_of_clevr: {key}={p[key]} must be at least 1.")
+        if (2 * p["object_size"] + 2) * 3 > p["image_size"]:
+            raise UserError(f"sort_of_clevr: object_size={p['object_size']} is too large for image_size="
+                            f"{p['image_size']}; six objects must fit without overlapping.")
+
+    # -- files ---------------------------------------------------------------------------------
+    def prepare(self) -> None:
+        """Generate all splits into a temp folder, then rename it into place (crash-safe, idempotent)."""
+        if (self.root / "meta.json").is_file():
+            return
+        self.root.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=self.root.parent))
+        try:
+            p = self.params
+            bg = 255 if p["background"] == "white" else 0
+            counts = {"train": p["num_images"], "val": p["num_val_images"], "test": p["num_test_images"]}
+            for offset, split in enumerate(SPLITS):
+                arrays, questions = generate_split(counts[split], p["questions_per_image"], p["seed"] * 3 + offset,
+                                                   p["image_size"], p["object_size"], bg)
+                np.savez(tmp / f"{split}.npz", **arrays)
+                (tmp / f"{split}_questions.json").write_text(json.dumps(questions), encoding="utf-8")
+            write_word_vocab(all_questions(), tmp / "vocab.txt")
+            (tmp / "meta.json").write_text(json.dumps({"params": p, "answers": ANSWERS}, indent=1))
+            try:
+                os.rename(tmp, self.root)
+            except OSError:  # another process finished first; its copy is identical
+                if not (self.root / "meta.json").is_file():
+                    raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def _require(self, name: str) -> Path:
+        path = self.root / name
+        if not path.is_file():
+            raise UserError(f"sort_of_clevr: {str(path)!r} is missing; run prepare() first (mmvl_run does) "
+                            "or delete the folder to regenerate it.")
+        return path
+
+    def questions(self, split: str) -> list[dict[str, Any]]:
+        if split not in SPLITS:
+            raise UserError(f"sort_of_clevr: unknown split {split!r}; use one of {', '.join(SPLITS)}.")
+        if split not in self._questions:
+            self._questions[split] = json.loads(self._require(f"{split}_questions.json").read_text("utf-8"))
+        return self._questions[split]
+
+    # -- contract ------------------------------------------------------------------------------
+    def _tokenizer_spec(self) -> tuple[str, dict[str, Any]]:
+        spec = (self.config.get("processors") or {}).get("text_processor") if self.config else None
+        spec = OmegaConf.to_container(spec, resolve=True) if isinstance(spec, DictConfig) else dict(spec or {})
+        return spec.get("type", "bert_tokenizer"), dict(spec.get("params") or {})
+
+    @property
+    def text_processor(self):
+        """The configured text processor; a null ``tokenizer_path`` means the generated word ``vocab.txt``."""
+        if self._processor is None:
+            kind, params = self._tokenizer_spec()
+            if params.get("tokenizer_path") is None:
+                params["tokenizer_path"] = str(self._require("vocab.txt"))
+            self._processor = PROCESSORS.get(kind)(**params)
+        return self._processor
+
+    def build(self, split: str) -> Dataset:
+        questions = self.questions(split)
+        with np.load(self._require(f"{split}.npz"), allow_pickle=False) as arrays:
+            images = arrays["images"]
+        return SortOfClevrDataset(images, questions, self.text_processor, self.mean, self.std)
+
+    def model_info(self) -> dict[str, int]:
+        """Values the model config leaves null: ``vocab_size`` and ``num_labels`` (no files needed)."""
+        if self._processor is None and self._tokenizer_spec()[1].get("tokenizer_path") is None:
+            vocab_size = len(SPECIAL_TOKENS) + len(words_of(all_questions()))  # what prepare() writes
+        else:
+            vocab_size = int(self.text_processor.vocab_size)
+        return {"vocab_size": vocab_size, "num_labels": len(ANSWERS)}
+
+    def prior_answers(self) -> dict[int, int]:
+        """Most frequent training answer per question type (ties go to the lower answer index)."""
+        counts: dict[int, Counter] = {t: Counter() for t in range(len(TEMPLATES))}
+        for q in self.questions("train"):
+            counts[q["type"]][q["answer"]] += 1
+        return {t: min(c, key=lambda a: (-c[a], a)) for t, c in counts.items() if c}
+
+    def extra_metrics(self, split: str) -> dict[str, float]:
+        """``accuracy/prior``: answering each question type with its most frequent training answer."""
+        prior = self.prior_answers()
+        questions = self.questions(split)
+        hits = sum(prior.get(q["type"]) == q["answer"] for q in questions)
+        return {"accuracy/prior": hits / max(1, len(questions))}

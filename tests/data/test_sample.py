@@ -1,0 +1,180 @@
+import contextlib
+from collections import namedtuple
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+import mmvl.data.sample as sample
+from mmvl.data.loaders import TrainStream
+from mmvl.data.sample import DevicePrefetcher, batch_size_of, collate, to_device
+
+
+def test_short_sequences_pad_to_the_longest_in_the_batch_not_a_fixed_max():
+    items = [{"input_ids": torch.tensor([5, 6, 7]), "input_mask": torch.ones(3, dtype=torch.long)},
+             {"input_ids": torch.tensor([8]), "input_mask": torch.ones(1, dtype=torch.long)}]
+    batch = collate(items)
+    assert batch["input_ids"].tolist() == [[5, 6, 7], [8, 0, 0]]
+    assert batch["input_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
+
+
+def test_region_features_pad_on_the_region_axis_and_keep_fp16():
+    items = [{"features": torch.ones(2, 4, dtype=torch.float16)},
+             {"features": torch.ones(5, 4, dtype=torch.float16)}]
+    feats = collate(items)["features"]
+    assert feats.shape == (2, 5, 4) and feats.dtype == torch.float16
+    assert feats[0, 2:].abs().sum() == 0 and feats[1].min() == 1
+
+
+def test_bool_masks_pad_with_false():
+    items = [{"mask": torch.tensor([True, True, True])}, {"mask": torch.tensor([True])}]
+    mask = collate(items)["mask"]
+    assert mask.dtype == torch.bool and mask.tolist() == [[True] * 3, [True, False, False]]
+
+
+def test_pad_values_by_key_and_by_nested_path():
+    items = [{"labels": torch.tensor([1, 2]), "input_ids": torch.tensor([3, 4]),
+              "text": {"labels": torch.tensor([9, 9]), "ids": torch.tensor([1, 1])}},
+             {"labels": torch.tensor([1]), "input_ids": torch.tensor([3]),
+              "text": {"labels": torch.tensor([9]), "ids": torch.tensor([1])}}]
+    batch = collate(items, pad_values={"input_ids": 0, "labels": -100, "text.ids": 7})
+    assert batch["labels"].tolist() == [[1, 2], [1, -100]]
+    assert batch["input_ids"].tolist() == [[3, 4], [3, 0]]
+    assert batch["text"]["labels"].tolist() == [[9, 9], [9, -100]]  # leaf name applies when nested
+    assert batch["text"]["ids"].tolist() == [[1, 1], [1, 7]]         # dotted path wins
+
+
+def test_nested_dicts_strings_none_and_numbers():
+    items = [{"id": 3, "question": "what?", "answer": None, "score": 1, "flag": True,
+              "meta": {"image": {"w": 640, "name": "a.jpg"}, "scale": 0.5}},
+             {"id": 4, "question": "who?", "answer": "cat", "score": 0.5, "flag": False,
+              "meta": {"image": {"w": 480, "name": "b.jpg"}, "scale": 1}}]
+    batch = collate(items)
+    assert batch["id"].dtype == torch.long and batch["id"].tolist() == [3, 4]
+    assert batch["question"] == ["what?", "who?"]
+    assert batch["answer"] == [None, "cat"]
+    assert batch["score"].dtype == torch.float32 and batch["score"].tolist() == [1.0, 0.5]
+    assert batch["flag"].dtype == torch.bool
+    assert batch["meta"]["image"]["w"].tolist() == [640, 480]
+    assert batch["meta"]["image"]["name"] == ["a.jpg", "b.jpg"]
+    assert batch["meta"]["scale"].tolist() == [0.5, 1.0]
+    assert batch_size_of(batch) == 2
+
+
+def test_optional_tensor_with_none_stays_a_list():
+    items = [{"box": torch.zeros(4)}, {"box": None}]
+    assert collate(items)["box"][1] is None
+
+
+def test_collate_errors_name_the_key():
+    with pytest.raises(ValueError, match="'b'"):
+        collate([{"a": 1, "b": 2}, {"a": 1}])
+    with pytest.raises(ValueError, match="'x.t'"):
+        collate([{"x": {"t": torch.zeros(2)}}, {"x": {"t": torch.zeros(2, 2)}}])
+    with pytest.raises(ValueError):
+        collate([])
+
+
+def test_to_device_keeps_containers_and_dtypes():
+    Pair = namedtuple("Pair", "a b")
+    batch = {"p": Pair(torch.zeros(2, dtype=torch.float16), "s"), "l": [torch.ones(1)], "n": None}
+    moved = to_device(batch, torch.device("cpu"))
+    assert isinstance(moved["p"], Pair) and moved["p"].a.dtype == torch.float16
+    assert moved["p"].b == "s" and moved["n"] is None and isinstance(moved["l"], list)
+
+
+def _items(n):
+    return [{"x": torch.tensor([i]), "feat": torch.full((1 + i % 3, 2), i, dtype=torch.float16),
+             "name": f"s{i}"} for i in range(n)]
+
+
+def _same(a, b):
+    assert a.keys() == b.keys()
+    for k in a:
+        if isinstance(a[k], torch.Tensor):
+            assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k])
+        else:
+            assert a[k] == b[k]
+
+
+def test_prefetcher_on_cpu_yields_the_same_batches_as_its_source():
+    loader = DataLoader(_items(10), batch_size=3, collate_fn=collate)
+    prefetcher = DevicePrefetcher(loader, "cpu")
+    assert len(prefetcher) == 4
+    for _ in range(2):  # each pass is a new epoch of the loader
+        got = list(prefetcher)
+        expected = list(loader)
+        assert len(got) == 4
+        for a, b in zip(got, expected):
+            _same(a, b)
+            assert a["feat"].dtype == torch.float16
+    with pytest.raises(StopIteration):
+        next(prefetcher)
+
+
+def _stream():
+    return TrainStream(_items(20), batch_size=2, collate_fn=collate, seed=0, rank=0,
+                       world_size=1, name="toy")
+
+
+def test_prefetcher_state_is_of_consumed_batches_so_resume_skips_nothing():
+    prefetcher = DevicePrefetcher(_stream(), "cpu")
+    for _ in range(13):  # crosses an epoch (10 batches)
+        next(prefetcher)
+    assert prefetcher.source.state_dict() == {"epoch": 1, "batch": 4}  # one ahead
+    state = prefetcher.state_dict()
+    assert state == {"epoch": 1, "batch": 3}
+    assert prefetcher.epoch == 1 and prefetcher.batches_per_epoch == 10  # forwarded
+    expected = [next(prefetcher) for _ in range(5)]
+
+    resumed = DevicePrefetcher(_stream(), "cpu")
+    next(resumed)
+    resumed.load_state_dict(state)
+    for a, b in zip([next(resumed) for _ in range(5)], expected):
+        _same(a, b)
+
+
+class _Recorder:
+    """Stands in for torch.cuda's streams to check the order of copy, wait and hand-over."""
+
+    def __init__(self):
+        self.log, self.on_side = [], False
+        test = self
+
+        class Stream:
+            def __init__(self, device=None):
+                pass
+
+            def wait_stream(self, other):
+                test.log.append("wait")
+
+        self.Stream, self.compute = Stream, Stream()
+
+    @contextlib.contextmanager
+    def stream(self, s):
+        self.on_side = True
+        yield
+        self.on_side = False
+
+    def to_device(self, batch, device, non_blocking=True):
+        self.log.append(f"copy{batch['x'].item()}:{'side' if self.on_side else 'compute'}:"
+                        f"{'async' if non_blocking else 'sync'}")
+        return batch
+
+
+def test_cuda_path_copies_ahead_on_the_side_stream_and_waits_before_handing_over(monkeypatch):
+    rec = _Recorder()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "Stream", rec.Stream)
+    monkeypatch.setattr(torch.cuda, "stream", rec.stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: rec.compute)
+    monkeypatch.setattr(sample, "to_device", rec.to_device)
+    prefetcher = DevicePrefetcher([{"x": torch.tensor(i)} for i in range(3)], "cuda")
+    it = iter(prefetcher)
+    assert rec.log == ["copy0:side:async"]  # the first copy starts before any step
+    first = next(it)
+    assert first["x"].item() == 0
+    # batch 0 handed out only after compute waits on the side stream; batch 1 copies meanwhile
+    assert rec.log == ["copy0:side:async", "wait", "copy1:side:async"]
+    assert [b["x"].item() for b in it] == [1, 2]
+    assert rec.log[3:] == ["wait", "copy2:side:async", "wait"]
