@@ -10,10 +10,18 @@ Layout under ``<save_dir>/checkpoints/``: ``model_<update>.ckpt`` (periodic,
 pruned to the newest ``max_to_keep``), ``last.ckpt`` and ``best.ckpt``. The
 state is serialised once; ``last``/``best`` are hard links (a copy where the
 filesystem has none) switched in by ``os.replace``, so they always name a
-complete file, even if the process dies mid-save.
+complete file, even if the process dies mid-save. Temp files a killed process
+left behind are removed by the next run's first save.
+
+Sharded checkpoints (one part per rank, e.g. FSDP through DCP) are a directory
+that counts as complete only once every rank's part is written and rank 0 has
+added :data:`SHARDED_MARKER` (listing each file and its size);
+:func:`check_sharded_complete` refuses any other directory, and
+:meth:`CheckpointManager.latest_sharded` skips it.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -30,6 +38,9 @@ from mmvl.errors import UserError
 log = logging.getLogger(__name__)
 
 _PERIODIC = re.compile(r"^model_(\d+)\.ckpt$")
+_SHARDED = re.compile(r"^sharded_(\d+)$")
+_TEMP = re.compile(r"^\..+\.tmp$")  # what _temp_path makes
+SHARDED_MARKER = "COMPLETE.json"
 _PREFIXES = ("module.", "_orig_mod.")
 
 
@@ -123,6 +134,7 @@ class CheckpointManager:
     def __init__(self, save_dir: str | os.PathLike, max_to_keep: int = 5):
         self.dir = Path(save_dir) / "checkpoints"
         self.max_to_keep = int(max_to_keep)
+        self._cleaned = False
 
     @property
     def directory(self) -> Path:
@@ -145,6 +157,9 @@ class CheckpointManager:
 
     def save(self, state: Mapping[str, Any], update: int, is_best: bool = False, periodic: bool = True) -> Path:
         """Write ``state`` once, then switch ``last`` (and ``best``) to it; returns the written file."""
+        if not self._cleaned:
+            self.remove_stale_temps()
+            self._cleaned = True
         if periodic:
             written = atomic_save(state, self.dir / f"model_{int(update)}.ckpt")
             _link_replace(written, self.last_path)
@@ -155,6 +170,34 @@ class CheckpointManager:
         if periodic:
             self._prune()
         return written
+
+    def remove_stale_temps(self) -> list[Path]:
+        """Delete temp files a killed save left behind (this manager is the only writer)."""
+        if not self.dir.is_dir():
+            return []
+        stale = [p for p in self.dir.iterdir() if p.is_file() and _TEMP.match(p.name)]
+        for path in stale:
+            path.unlink(missing_ok=True)
+        if stale:
+            log.info("removed %d temp file(s) of an interrupted save from %s", len(stale), self.dir)
+        return stale
+
+    def sharded_path(self, update: int) -> Path:
+        """The directory a sharded checkpoint of ``update`` goes to."""
+        return self.dir / f"sharded_{int(update)}"
+
+    def latest_sharded(self) -> Path | None:
+        """The newest sharded checkpoint directory that is complete; incomplete ones are skipped."""
+        if not self.dir.is_dir():
+            return None
+        found = sorted(((int(m.group(1)), p) for p in self.dir.iterdir()
+                        if p.is_dir() and (m := _SHARDED.match(p.name))), reverse=True)
+        for _, path in found:
+            problem = sharded_problem(path)
+            if problem is None:
+                return path
+            log.warning("skipping incomplete sharded checkpoint %s: %s", path, problem)
+        return None
 
     def _prune(self) -> None:
         if self.max_to_keep <= 0:
@@ -209,6 +252,53 @@ class CheckpointManager:
             return self.last_path
         periodic = self.periodic_paths()
         return periodic[-1] if periodic else None
+
+
+def mark_sharded_complete(directory: str | os.PathLike, **info: Any) -> Path:
+    """Rank 0, after every rank's part is written: list the parts and sizes in the marker, atomically."""
+    directory = Path(directory)
+    files = {p.name: p.stat().st_size for p in sorted(directory.iterdir())
+             if p.is_file() and p.name != SHARDED_MARKER and not _TEMP.match(p.name)}
+    marker = directory / SHARDED_MARKER
+    tmp = _temp_path(marker)
+    try:
+        with open(tmp, "w") as f:
+            json.dump({**info, "files": files}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, marker)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(directory)
+    return marker
+
+
+def sharded_problem(directory: str | os.PathLike) -> str | None:
+    """Why ``directory`` is not a complete sharded checkpoint, or None when it is."""
+    directory = Path(directory)
+    marker = directory / SHARDED_MARKER
+    if not marker.is_file():
+        return f"no {SHARDED_MARKER} (a rank died before every part was written)"
+    try:
+        files = json.loads(marker.read_text())["files"]
+    except (ValueError, KeyError, TypeError, OSError) as e:
+        return f"unreadable {SHARDED_MARKER} ({type(e).__name__})"
+    for name, size in files.items():
+        path = directory / name
+        if not path.is_file():
+            return f"part {name} is missing"
+        if path.stat().st_size != size:
+            return f"part {name} has {path.stat().st_size} bytes, expected {size}"
+    return None
+
+
+def check_sharded_complete(directory: str | os.PathLike) -> None:
+    """Raise a UserError naming ``directory`` unless it is a complete sharded checkpoint."""
+    problem = sharded_problem(directory)
+    if problem is not None:
+        raise UserError(f"sharded checkpoint {str(directory)!r} is incomplete: {problem}; "
+                        "resume from an earlier checkpoint.")
 
 
 def apply_state_mapping(state: Mapping[str, Any], mapping: Mapping[str, str] | None) -> dict[str, Any]:

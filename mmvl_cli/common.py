@@ -22,11 +22,21 @@ def cli_main(fn: Callable[[list[str]], int], argv: list[str], doc: str = "") -> 
             raise
         rank = os.environ.get("RANK", "0")
         prefix = "mmvl: error: " if rank == "0" else f"mmvl: error (rank {rank}): "
-        print(prefix + str(e), file=sys.stderr, flush=True)
+        print(prefix + user_message(e), file=sys.stderr, flush=True)
         return 2
     except KeyboardInterrupt:
         print("mmvl: interrupted", file=sys.stderr)
         return 130
+
+
+def user_message(error: BaseException) -> str:
+    """The error's message on one line; for one re-raised from a DataLoader worker, the original
+    message without the worker's traceback that torch wraps around it."""
+    text = " ".join(str(error).split())
+    marker = f"{type(error).__module__}.{type(error).__name__}: "
+    if "Original Traceback" in text and marker in text:
+        text = text.rsplit(marker, 1)[1]
+    return text
 
 
 def print_registry(kind: str | None) -> None:

@@ -56,14 +56,26 @@ def _collate_values(values: list[Any], pad_values: dict[str, Any], path: str) ->
     return list(values)
 
 
+def _new_batch(like: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """An empty batch tensor; inside a DataLoader worker it lives in shared memory, so the
+    batch reaches the main process without another copy (what default_collate does)."""
+    if torch.utils.data.get_worker_info() is None or like.device.type != "cpu":
+        return like.new_empty(shape)
+    numel = 1
+    for n in shape:
+        numel *= n
+    storage = like.untyped_storage()._new_shared(numel * like.element_size())
+    return like.new_empty(0).set_(storage).view(shape) if numel else like.new_empty(shape)
+
+
 def _stack_or_pad(values: list[torch.Tensor], pad: Any, path: str) -> torch.Tensor:
     shape = values[0].shape
     if all(v.shape == shape for v in values):
-        return torch.stack(values)
+        return torch.stack(values, out=_new_batch(values[0], (len(values), *shape)))
     if any(v.dim() != values[0].dim() for v in values) or values[0].dim() == 0:
         raise ValueError(f"collate(): tensors of {path!r} have different numbers of dimensions")
     max_shape = [max(v.shape[d] for v in values) for d in range(values[0].dim())]
-    out = values[0].new_full((len(values), *max_shape), pad)
+    out = _new_batch(values[0], (len(values), *max_shape)).fill_(pad)
     for i, v in enumerate(values):
         out[(i, *[slice(0, s) for s in v.shape])] = v
     return out

@@ -17,6 +17,7 @@ from torch import nn
 
 from mmvl.errors import UserError
 from mmvl.models.base import BaseModel
+from mmvl.models.modules import film  # noqa: F401  (registers the film_cnn image encoder)
 from mmvl.models.modules.image_encoders import build_image_encoder
 from mmvl.registry import register_model
 
@@ -127,13 +128,30 @@ class VisualBert(BaseModel):
             if keep:
                 self.bert.encoder.layer = self.bert.encoder.layer[: int(keep)]
         hidden = bert_config.hidden_size
-        self.image_encoder = build_image_encoder(cfg.get("image_encoder") or {"type": "cnn"})
+        encoder_spec = dict(cfg.get("image_encoder") or {"type": "cnn"})
+        if encoder_spec.get("type") == "film_cnn":  # conditioned on the question's word embeddings
+            encoder_spec["params"] = {**dict(encoder_spec.get("params") or {}), "cond_dim": hidden}
+        self.image_encoder = build_image_encoder(encoder_spec)
         self.visual_embeddings = VisualEmbeddings(self.image_encoder.out_dim, hidden, int(cfg.get("max_grid_size", 32)),
                                                   bert_config.hidden_dropout_prob, bert_config.layer_norm_eps,
                                                   bert_config.initializer_range)
+        # ``pooled``: VisualBERT's head on the pooled [CLS]. ``pooled_and_visual`` also reads
+        # every visual token's final hidden state in grid order, so a position-specific answer
+        # ("is it on the left?") need not squeeze through one attention-pooled vector.
+        self.classifier_input = str(cfg.get("classifier_input") or "pooled")
+        if self.classifier_input not in ("pooled", "pooled_and_visual"):
+            raise UserError(f"visual_bert: classifier_input={self.classifier_input!r}; use 'pooled' "
+                            "or 'pooled_and_visual'.")
+        head_in = hidden
+        if self.classifier_input == "pooled_and_visual":
+            size = int(cfg.get("image_size") or 75)
+            with torch.no_grad():
+                grid = self.image_encoder(torch.zeros(1, 3, size, size))
+            self.num_visual_tokens = grid.shape[-2] * grid.shape[-1]
+            head_in = hidden * (1 + self.num_visual_tokens)
         self.classifier = nn.Sequential(
             nn.Dropout(float(cfg.get("classifier_dropout", bert_config.hidden_dropout_prob))),
-            nn.Linear(hidden, hidden), nn.GELU(), nn.LayerNorm(hidden, eps=bert_config.layer_norm_eps),
+            nn.Linear(head_in, hidden), nn.GELU(), nn.LayerNorm(hidden, eps=bert_config.layer_norm_eps),
             nn.Linear(hidden, int(cfg["num_labels"])),
         )
         for module in [self.visual_embeddings.proj, *self.classifier]:
@@ -151,14 +169,31 @@ class VisualBert(BaseModel):
     def forward(self, batch: dict[str, Any]) -> dict[str, Any]:
         input_ids = batch["input_ids"]
         text = self.bert.embeddings(input_ids=input_ids, token_type_ids=batch.get("token_type_ids"))
-        visual = self.visual_embeddings(self.image_encoder(batch["image"]))
+        visual = self.visual_embeddings(self._encode_image(batch))
         embeddings = torch.cat([text, visual.to(text.dtype)], dim=1)
         text_mask = batch.get("attention_mask")
         if text_mask is None:
             text_mask = torch.ones_like(input_ids)
         mask = torch.cat([text_mask.long(), text_mask.new_ones(visual.shape[:2]).long()], dim=1)
         hidden = self.bert.encoder(embeddings, attention_mask=self._mask(embeddings, mask))[0]
-        return {"scores": self.classifier(self.bert.pooler(hidden))}
+        pooled = self.bert.pooler(hidden)
+        if self.classifier_input == "pooled_and_visual":
+            visual_out = hidden[:, text.shape[1]:]
+            if visual_out.shape[1] != self.num_visual_tokens:
+                raise UserError(f"visual_bert: classifier_input=pooled_and_visual was built for "
+                                f"{self.num_visual_tokens} visual tokens but got {visual_out.shape[1]}; "
+                                "set model_config.visual_bert.image_size to the input image size.")
+            pooled = torch.cat([pooled, visual_out.flatten(1)], dim=1)
+        return {"scores": self.classifier(pooled)}
+
+    def _encode_image(self, batch: dict[str, Any]) -> torch.Tensor:
+        if not getattr(self.image_encoder, "conditioned", False):
+            return self.image_encoder(batch["image"])
+        mask = batch.get("attention_mask")
+        words = self.bert.embeddings.word_embeddings(batch["input_ids"])
+        mask = torch.ones_like(batch["input_ids"]) if mask is None else mask
+        m = mask.unsqueeze(-1).to(words.dtype)
+        return self.image_encoder(batch["image"], (words * m).sum(1) / m.sum(1).clamp(min=1))
 
     def enable_gradient_checkpointing(self) -> None:
         kwargs = {"use_reentrant": False}

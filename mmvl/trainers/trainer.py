@@ -48,7 +48,6 @@ class Trainer:
         t = config.training
         if self.env.is_main_process:
             _check_writable(str(config.env.save_dir))
-            save_config(config, os.path.join(str(config.env.save_dir), "config.yaml"))
         setup_logging(str(config.env.save_dir), self.env.rank)
         seed_all(int(t.seed))  # identical model initialisation on every rank
         self.engine = Engine(config, env=self.env)
@@ -79,6 +78,8 @@ class Trainer:
                                              int(config.checkpoint.max_to_keep))
         self.callbacks = build_callbacks(config, self)
         self._resume()
+        if self.env.is_main_process:  # only once everything was built: a failed start changes nothing
+            save_config(config, os.path.join(str(config.env.save_dir), "config.yaml"))
 
     def _resume(self) -> None:
         """Load ``checkpoint.resume_file``, or ``last.ckpt`` when ``checkpoint.resume`` asks."""
@@ -277,6 +278,8 @@ def run(config: DictConfig) -> dict[str, Any]:
     results: dict[str, Any] = {}
     if "train" in run_type:
         trainer.fit()
+        if trainer.preempted:  # the job is about to be killed: exit now, evaluate after the resume
+            return {"updates": trainer.update, "preempted": trainer.preempted}
     for split in ("val", "test"):
         if split in run_type:
             last = trainer.last_eval

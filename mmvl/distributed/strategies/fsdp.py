@@ -9,6 +9,8 @@ so they load under any strategy and world size; the sharded form goes through
 from __future__ import annotations
 
 import contextlib
+import os
+from pathlib import Path
 from typing import Any, Iterator
 
 import torch
@@ -171,14 +173,33 @@ class FSDPStrategy(Strategy):
         return state
 
     def save_sharded_state(self, model, optimizer, directory: str) -> None:
+        """Every rank writes its part; rank 0 marks the directory complete only after all have.
+
+        A run killed mid-save (any rank) leaves a directory without the marker, which
+        :meth:`load_sharded_state` refuses and ``CheckpointManager.latest_sharded`` skips.
+        """
         import torch.distributed.checkpoint as dcp
 
+        from mmvl.checkpoint import SHARDED_MARKER, mark_sharded_complete
+        from mmvl.distributed import comm
+
+        if self.env.rank == 0:  # re-saving into a directory: it is incomplete until the end
+            os.makedirs(directory, exist_ok=True)
+            Path(directory, SHARDED_MARKER).unlink(missing_ok=True)
+        comm.synchronize()
         dcp.save(self._sharded(model, optimizer), checkpoint_id=directory)
+        comm.synchronize()  # every rank's part is on disk
+        if self.env.rank == 0:
+            mark_sharded_complete(directory, world_size=self.env.world_size)
+        comm.synchronize()
 
     def load_sharded_state(self, model, optimizer, directory: str) -> None:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
+        from mmvl.checkpoint import check_sharded_complete
+
+        check_sharded_complete(directory)
         state = self._sharded(model, optimizer)
         dcp.load(state, checkpoint_id=directory)
         set_model_state_dict(model, state["model"])

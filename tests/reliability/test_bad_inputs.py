@@ -1,0 +1,289 @@
+"""A corpus of bad input for ``mmvl_run``: each gives exit code 2, one line on stderr naming the bad
+key or file, no traceback, and leaves an existing run's save_dir as it was (checkpoints,
+metrics, config.yaml byte for byte; train.log only appended to).
+
+Most rows run in-process through ``mmvl_cli.run.main`` (fast); a few run as real processes
+(started together), including a 2-process launch for a batch size the world size does not divide.
+"""
+from __future__ import annotations
+
+import hashlib
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import pytest
+import torch
+
+from mmvl_cli.run import main
+from tests.fixtures.faults import ROOT, child_env, launch_ranks
+from tests.fixtures.toy import register, toy_opts
+
+register()
+
+
+# -- fixtures: a finished run to protect, and a folder of bad files ------------------------------
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> Path:
+    base = tmp_path_factory.mktemp("bad_inputs")
+    assert main(toy_opts(base / "previous", "run_type=train", "training.max_updates=4",
+                         "training.checkpoint_interval=2")) == 0
+    files = base / "files"
+    files.mkdir()
+    (files / "a.yaml").write_text("includes: [b.yaml]\ntraining: {seed: 2}\n")
+    (files / "b.yaml").write_text("includes: [a.yaml]\n")
+    (files / "syntax.yaml").write_text("training:\n  seed: [1, 2\n")
+    (files / "list.yaml").write_text("- model\n- toy_mlp\n")
+    (files / "notes.ckpt").write_text("not a checkpoint\n")
+    torch.save(torch.zeros(3), files / "tensor.ckpt")
+    data = (base / "previous" / "save" / "checkpoints" / "last.ckpt").read_bytes()
+    (files / "truncated.ckpt").write_bytes(data[: len(data) // 2])
+    (files / "a_file").write_text("x")
+    return base
+
+
+@dataclass
+class Ctx:
+    root: Path  # this row's folder; its save/ starts as a copy of the finished run
+    world: Path
+
+    @property
+    def save(self) -> Path:
+        return self.root / "save"
+
+    @property
+    def files(self) -> Path:
+        return self.world / "files"
+
+
+@dataclass
+class Row:
+    id: str
+    extra: Callable[[Ctx], list[str]]
+    needle: Callable[[Ctx], str] | str
+    prepare: Callable[[Ctx], None] | None = None
+    fresh: bool = False  # start from an empty save_dir instead of a finished run
+    vl: str | None = None  # run on this vision-and-language dataset (tiny concat_bert) instead of toy
+
+
+def _corrupt_all(ctx: Ctx) -> None:
+    for p in (ctx.save / "checkpoints").glob("*.ckpt"):
+        p.write_bytes(p.read_bytes()[:100])
+
+
+ROWS = [
+    # config: keys, values, types, files
+    Row("unknown key", lambda c: ["training.batchsize=4"], "training.batch_size"),
+    Row("unknown top-level key", lambda c: ["trainig.seed=3"], "trainig"),
+    Row("misspelled value", lambda c: ["run_type=trian"], "run_type"),
+    Row("wrong type int", lambda c: ["training.max_updates=abc"], "training.max_updates"),
+    Row("wrong type list", lambda c: ["training.batch_size=[1,2]"], "training.batch_size"),
+    Row("wrong type float for int", lambda c: ["training.seed=1.5"], "training.seed"),
+    Row("gradient accumulation 0", lambda c: ["training.gradient_accumulation=0"], "training.gradient_accumulation"),
+    Row("bad precision", lambda c: ["training.precision=fp8"], "training.precision"),
+    Row("bad strategy", lambda c: ["distributed.strategy=ddpp"], "distributed.strategy"),
+    Row("not key=value", lambda c: ["oops"], "'oops'"),
+    Row("includes cycle", lambda c: [f"config={c.files / 'a.yaml'}"], "include cycle"),
+    Row("missing config file", lambda c: [f"config={c.files / 'nope.yaml'}"], "nope.yaml"),
+    Row("yaml syntax error", lambda c: [f"config={c.files / 'syntax.yaml'}"], "syntax.yaml line 3"),
+    Row("yaml not a mapping", lambda c: [f"config={c.files / 'list.yaml'}"], "list.yaml"),
+    Row("user_dir missing", lambda c: [f"env.user_dir={c.root / 'no_such_dir'}"], "env.user_dir"),
+    # registry names
+    Row("unknown model", lambda c: ["model=toy_mlpp"], "'toy_mlpp'. Did you mean 'toy_mlp'"),
+    Row("unknown dataset", lambda c: ["datasets=toyy"], "'toyy'. Did you mean 'toy'"),
+    Row("unknown optimizer", lambda c: ["optimizer.type=adamm"], "optimizer 'adamm'"),
+    Row("unknown scheduler", lambda c: ["scheduler.type=warmup_cosin"], "scheduler 'warmup_cosin'"),
+    Row("unknown metric", lambda c: ["evaluation.metrics=[accuracyy]"], "metric 'accuracyy'"),
+    Row("unknown loss", lambda c: ["model_config.toy_mlp.losses=[{type: cross_entropyy}]"], "loss 'cross_entropyy'"),
+    Row("unknown callback", lambda c: ["training.callbacks=[{type: stop_att}]"], "callback 'stop_att'"),
+    Row("bad optimizer value", lambda c: ["optimizer.params.lr=-1"], "optimizer.params.lr"),
+    # the run: data size, save_dir, checkpoints
+    Row("dataset smaller than a batch", lambda c: ["training.batch_size=1000"], "training.batch_size"),
+    Row("save_dir under a file", lambda c: [f"env.save_dir={c.files / 'a_file' / 'sub'}"], "env.save_dir"),
+    Row("resume=true without checkpoint", lambda c: ["checkpoint.resume=true"], "checkpoint.resume=true",
+        fresh=True),
+    Row("resume_file missing", lambda c: [f"checkpoint.resume_file={c.files / 'gone.ckpt'}"], "gone.ckpt"),
+    Row("resume_file not a checkpoint", lambda c: [f"checkpoint.resume_file={c.files / 'notes.ckpt'}"],
+        "notes.ckpt"),
+    Row("resume_file holds a tensor", lambda c: [f"checkpoint.resume_file={c.files / 'tensor.ckpt'}"],
+        "tensor.ckpt' is not an mmvl checkpoint"),
+    Row("resume_file truncated", lambda c: [f"checkpoint.resume_file={c.files / 'truncated.ckpt'}"],
+        "truncated.ckpt' is truncated or corrupt"),
+    Row("checkpoint of another model", lambda c: ["model_config.toy_mlp.hidden_size=32"],
+        "key 'net.0.weight': checkpoint (16, 8) vs model (32, 8)"),
+    Row("every checkpoint corrupt", lambda c: [], "no loadable checkpoint", prepare=_corrupt_all),
+    # data files (vision-and-language datasets; skipped where their builders are absent)
+    Row("vqa2 questions missing", lambda c: [], "v2_OpenEnded_mscoco_train2014_questions.json", vl="vqa2",
+        prepare=lambda c: (c.root / "data/vqa2/v2_OpenEnded_mscoco_train2014_questions.json").unlink()),
+    Row("vqa2 annotations truncated", lambda c: [], "v2_mscoco_train2014_annotations.json' is not valid JSON",
+        vl="vqa2", prepare=lambda c: _truncate(c.root / "data/vqa2/v2_mscoco_train2014_annotations.json")),
+    Row("hateful_memes jsonl line invalid", lambda c: [], "train.jsonl' line 3 is not valid JSON",
+        vl="hateful_memes", prepare=lambda c: _break_line(c.root / "data/hateful_memes/train.jsonl", 2)),
+    Row("hateful_memes jsonl truncated", lambda c: [], lambda c: f"train.jsonl' line {_lines(c)} is not valid JSON",
+        vl="hateful_memes", prepare=lambda c: _truncate(c.root / "data/hateful_memes/train.jsonl")),
+    Row("image does not decode", lambda c: [], "cannot be decoded", vl="hateful_memes", fresh=True,
+        prepare=lambda c: _break_images(c.root / "data/hateful_memes/img", range(1000, 1008))),
+    Row("feature LMDB missing", lambda c: _features("feats/none.lmdb"), "feats/none.lmdb", vl="hateful_memes"),
+    Row("feature LMDB corrupt", lambda c: _features("feats/bad.lmdb"), "bad.lmdb is not a readable LMDB",
+        vl="hateful_memes", fresh=True, prepare=lambda c: _bad_lmdb(c.root / "data/feats/bad.lmdb")),
+]
+
+
+def _truncate(path: Path) -> None:
+    """Cut ``path`` in the middle of a line, the way an interrupted download ends."""
+    text = path.read_text()
+    path.write_text(text[: text.index("\n", len(text) // 2) - 5])
+
+
+def _lines(ctx: Ctx) -> int:
+    return (ctx.root / "data/hateful_memes/train.jsonl").read_text().count("\n") + 1
+
+
+def _break_line(path: Path, index: int) -> None:
+    lines = path.read_text().splitlines()
+    lines[index] = lines[index][:20]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _break_images(folder: Path, ids) -> None:
+    for i in ids:
+        (folder / f"{i:05d}.png").write_bytes(b"not a png")
+
+
+def _bad_lmdb(folder: Path) -> None:
+    folder.mkdir(parents=True)
+    (folder / "data.mdb").write_bytes(bytes(range(256)) * 40)
+
+
+def _features(path: str) -> list[str]:
+    return [f"dataset_config.hateful_memes.processors.features={{type: features, params: "
+            f"{{path: {path}, max_features: 4}}}}", "model_config.concat_bert.feature_dim=6"]
+
+
+def vl_opts(dataset: str, root: Path, *extra: str) -> list[str]:
+    """A 2-update run of a tiny concat_bert on ``<root>/data/<dataset>``."""
+    m = "model_config.concat_bert"
+    return ["model=concat_bert", f"datasets={dataset}", f"env.data_dir={root / 'data'}",
+            f"env.save_dir={root / 'save'}", "training.max_updates=2", "training.batch_size=2",
+            "training.num_workers=0", "training.progress_bar=false", "scheduler.params.num_warmup_steps=1",
+            f"dataset_config.{dataset}.image_size=16", f"{m}.hidden_size=16", f"{m}.num_hidden_layers=1",
+            f"{m}.num_attention_heads=2", f"{m}.intermediate_size=16",
+            f"{m}.image_encoder.params={{channels: [4, 8], strides: [4, 4]}}", *extra]
+
+
+# -- checks ------------------------------------------------------------------------------------
+def snapshot(save: Path) -> dict[str, str]:
+    if not save.exists():
+        return {}
+    return {str(p.relative_to(save)): (p.read_text() if p.name == "train.log"
+                                       else hashlib.sha256(p.read_bytes()).hexdigest())
+            for p in sorted(save.rglob("*")) if p.is_file()}
+
+
+def assert_unchanged(before: dict[str, str], save: Path) -> None:
+    after = snapshot(save)
+    log_before, log_after = before.pop("train.log", ""), after.pop("train.log", "")
+    assert log_after.startswith(log_before), "train.log was rewritten, not appended to"
+    assert after == before, "the save_dir was changed"
+
+
+def assert_one_line(err: str, needle: str, prefix: str = "mmvl: error: ") -> None:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith(prefix), err
+    assert needle in lines[0], f"{needle!r} not in: {lines[0]}"
+    assert "Traceback" not in err
+
+
+def setup_row(row: Row, world: Path, root: Path) -> Ctx:
+    ctx = Ctx(root, world)
+    if not row.fresh:
+        shutil.copytree(world / "previous" / "save", ctx.save)
+    if row.vl:
+        pytest.importorskip(f"mmvl.data.datasets.{row.vl}")
+        from tests.fixtures import vl_data
+
+        getattr(vl_data, f"write_{row.vl}")(root / "data")
+    if row.prepare:
+        row.prepare(ctx)
+    return ctx
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])
+def test_bad_input_in_process(row, world, tmp_path, capsys):
+    ctx = setup_row(row, world, tmp_path)
+    before = snapshot(ctx.save)
+    opts = vl_opts(row.vl, tmp_path, *row.extra(ctx)) if row.vl else toy_opts(tmp_path, *row.extra(ctx))
+    code = main(opts)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert_one_line(err, row.needle(ctx) if callable(row.needle) else row.needle)
+    if row.fresh:  # the error comes with the first batch: nothing to protect, nothing saved
+        assert not (ctx.save / "checkpoints").exists()
+    else:
+        assert_unchanged(before, ctx.save)
+
+
+def test_row_count():
+    assert len(ROWS) >= 20
+
+
+# -- real processes, started together -------------------------------------------------------------
+PROCESS_ROWS = {
+    "yaml syntax error": (["-m", "mmvl_cli.run", "config={files}/syntax.yaml"], "syntax.yaml line 3"),
+    "user_dir missing": (["-m", "mmvl_cli.run", "model=toy_mlp", "datasets=toy", "env.user_dir={root}/nope",
+                          "env.save_dir={root}/save"], "env.user_dir"),
+    "truncated checkpoint": (["-m", "mmvl_cli.run", "env.user_dir=tests/fixtures",
+                              "checkpoint.resume_file={files}/truncated.ckpt"], "truncated.ckpt"),
+    "image fails in a DataLoader worker": (["-m", "mmvl_cli.run", "training.num_workers=1"], "cannot be decoded"),
+}
+
+
+@pytest.fixture(scope="module")
+def processes(world, tmp_path_factory):
+    """Every PROCESS_ROWS command and a 2-rank batch-size mismatch, all running at once."""
+    started, out = {}, {}
+    for name, (args, needle) in PROCESS_ROWS.items():
+        root = tmp_path_factory.mktemp("proc")
+        shutil.copytree(world / "previous" / "save", root / "save")
+        args = [a.format(files=world / "files", root=root) for a in args]
+        if "truncated" in name:
+            args = args[:2] + toy_opts(root) + args[2:]
+        if "DataLoader" in name:
+            pytest.importorskip("mmvl.data.datasets.hateful_memes")
+            from tests.fixtures.vl_data import write_hateful_memes
+
+            write_hateful_memes(root / "data")
+            _break_images(root / "data" / "hateful_memes" / "img", range(1000, 1008))
+            shutil.rmtree(root / "save")  # fails mid-training: only check the message
+            args = args[:2] + vl_opts("hateful_memes", root) + args[2:]
+        out[name] = (root, snapshot(root / "save"), needle)
+        started[name] = subprocess.Popen([sys.executable, *args], cwd=ROOT, env=child_env(),
+                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ranks_root = tmp_path_factory.mktemp("ranks")
+    ranks = launch_ranks(toy_opts(ranks_root, "training.batch_size=7", "training.device=cpu"), 2, timeout=120)
+    results = {name: (*p.communicate(timeout=120), p.returncode) for name, p in started.items()}
+    return out, results, ranks
+
+
+@pytest.mark.parametrize("name", list(PROCESS_ROWS))
+def test_bad_input_real_process(processes, name):
+    out, results, _ = processes
+    root, before, needle = out[name]
+    stdout, stderr, code = results[name]
+    assert code == 2, stderr
+    assert_one_line(stderr, needle)
+    if before:
+        assert_unchanged(before, root / "save")
+
+
+def test_batch_not_divisible_by_world_size(processes):
+    """2 real ranks, global batch 7: every rank exits 2 with one line naming the setting."""
+    *_, ranks = processes
+    for rank, r in enumerate(ranks):
+        assert r.returncode == 2, r.stderr
+        prefix = "mmvl: error: " if rank == 0 else "mmvl: error (rank 1): "
+        assert_one_line(r.stderr, "training.batch_size=7 is not divisible by the world size 2", prefix)
