@@ -25,12 +25,28 @@ KILLED = -signal.SIGKILL
 RNG_SEED = 1234
 
 
-def _opts(root: Path, updates: int, interval: int) -> list[str]:
-    # dropout on, evaluation (and best checkpoints) mid-run, two epochs: everything a resume must restore
-    return toy_opts(root, f"training.max_updates={updates}", f"training.checkpoint_interval={interval}",
-                    "training.evaluation_interval=5", "model_config.toy_mlp.hidden_dropout_prob=0.1",
-                    "training.early_stop.criteria=toy/accuracy", "checkpoint.max_to_keep=3",
-                    "training.log_interval=1", "checkpoint.resume=auto")
+def _opts(root: Path, updates: int, interval: int, kind: str = "toy") -> list[str]:
+    # dropout on, evaluation (and best checkpoints) mid-run, 2+ epochs: everything a resume must restore
+    common = [f"training.max_updates={updates}", f"training.checkpoint_interval={interval}",
+              "training.evaluation_interval=5", "checkpoint.max_to_keep=3", "training.log_interval=1",
+              "checkpoint.resume=auto"]
+    if kind == "toy":
+        return toy_opts(root, *common, "model_config.toy_mlp.hidden_dropout_prob=0.1",
+                        "training.early_stop.criteria=toy/accuracy")
+    return sort_of_clevr_opts(root) + common
+
+
+def sort_of_clevr_opts(root: Path) -> list[str]:
+    """Sort-of-CLEVR (32 training images, 32 px) and a one-layer VisualBERT with a small CNN."""
+    d, m = "dataset_config.sort_of_clevr", "model_config.visual_bert"
+    return ["model=visual_bert", "datasets=sort_of_clevr", f"env.save_dir={root}/save",
+            f"env.data_dir={root.parent}/data", f"{d}.num_images=32", f"{d}.num_val_images=8",
+            f"{d}.num_test_images=8", f"{d}.questions_per_image=1", f"{d}.image_size=32", f"{d}.object_size=2",
+            f"{m}.hidden_size=16", f"{m}.num_hidden_layers=1", f"{m}.num_attention_heads=2",
+            f"{m}.intermediate_size=32", f"{m}.image_size=32",
+            f"{m}.image_encoder={{type: cnn, params: {{channels: [4, 8], strides: [4, 4]}}}}",
+            "training.batch_size=8", "training.num_workers=0", "training.progress_bar=false",
+            "scheduler.params.num_warmup_steps=2", "optimizer.params.lr=0.001"]
 
 
 def _ckpt_dir(root: Path) -> Path:
@@ -63,8 +79,8 @@ def _resumed_at(root: Path) -> list[int]:
     return [int(u) for u in re.findall(r"Resumed from \S+ at update (\d+)", text)]
 
 
-def _reference(root: Path, updates: int, interval: int) -> Path:
-    assert main(_opts(root, updates, interval)) == 0
+def _reference(root: Path, updates: int, interval: int, kind: str = "toy") -> Path:
+    assert main(_opts(root, updates, interval, kind)) == 0
     return root
 
 
@@ -130,17 +146,27 @@ def _kill_from_outside(root: Path, opts: list[str], rng: random.Random) -> int:
     return _resume_point(root)
 
 
+LONG = {  # kind, interval, updates, kill plan, stop when this close to the end
+    "toy-every-update": ("toy", 1, 32, ("update", "write", "update", "rename", "outside", "link", "update",
+                                         "torn", "outside"), 8),
+    "toy-every-2": ("toy", 2, 32, ("update", "write", "update", "rename", "outside", "link", "update",
+                                   "torn", "outside"), 8),
+    "sort_of_clevr": ("sort_of_clevr", 2, 12, ("update", "write", "outside", "link"), 3),
+}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("interval", [1, 2])
-def test_many_kills_then_bitwise_equal(tmp_path, interval):
-    """Long form: 9 kills over 4 epochs, every save phase, a torn last.ckpt, kills from outside."""
-    updates = 32
-    reference = _reference(tmp_path / "ref", updates, interval)
-    root, rng = tmp_path / "run", random.Random(RNG_SEED + interval)
-    opts = _opts(root, updates, interval)
+@pytest.mark.parametrize("name", list(LONG))
+def test_many_kills_then_bitwise_equal(tmp_path, name):
+    """Long form: up to 9 kills over 4 epochs (toy), every save phase, a torn last.ckpt, kills from
+    outside; and Sort-of-CLEVR with VisualBERT."""
+    kind, interval, updates, plan, margin = LONG[name]
+    reference = _reference(tmp_path / "ref", updates, interval, kind)
+    root, rng = tmp_path / "run", random.Random(f"{RNG_SEED}-{name}")
+    opts = _opts(root, updates, interval, kind)
     resumes: list[int] = []
-    for step in ("update", "write", "update", "rename", "outside", "link", "update", "torn", "outside"):
-        if _resume_point(root) >= updates - 8:
+    for step in plan:
+        if _resume_point(root) >= updates - margin:
             break
         if step == "update":
             resumes.append(_kill_at_update(root, opts, rng, updates, interval))
@@ -154,5 +180,5 @@ def test_many_kills_then_bitwise_equal(tmp_path, interval):
             resumes.append(_kill_at_update(root, opts, rng, updates, interval))
         else:
             resumes.append(_kill_in_save(root, opts, step))
-    assert len(resumes) >= 8
+    assert len(resumes) >= len(plan) - 1
     _finish(root, opts, reference, resumes)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from mmvl.checkpoint import safe_load
 from tests.fixtures.faults import launch_ranks, run_torchrun
 from tests.fixtures.toy import toy_opts
 
@@ -21,7 +22,8 @@ def _opts(root: Path, *extra: str) -> list[str]:
 
 @pytest.mark.parametrize("when, extra", [
     ("before", ()),  # rank 0 is left waiting in the gradient all-reduce
-    pytest.param("after", ("training.num_workers=1",), marks=pytest.mark.slow),  # in the checkpoint's
+    # rank 0 waits in the next collective, with a DataLoader worker process of its own
+    pytest.param("after", ("training.num_workers=1",), marks=pytest.mark.slow),
 ])
 def test_rank1_raises_under_torchrun_both_exit_fast(tmp_path, when, extra):
     fault = {"update": 5, "action": "raise", "rank": 1, "when": when}
@@ -54,5 +56,7 @@ def test_nan_on_one_rank_stops_both_with_exit_2(tmp_path):
         assert len(lines) == 1 and lines[0].startswith(prefix), r.stderr
         assert "Loss is not finite at update 5" in lines[0] and "Traceback" not in r.stderr
     assert "cross_entropy=nan" in ranks[1].stderr
-    # both stopped before update 5 was applied: the last checkpoint is update 4
-    assert "checkpoints/last.ckpt" in ranks[0].stderr
+    # both stopped before update 5 was applied; the message points at the last good checkpoint
+    last = tmp_path / "save" / "checkpoints" / "last.ckpt"
+    assert f"Last good checkpoint: {last}" in ranks[0].stderr
+    assert safe_load(last)["trainer"]["update"] == 4
