@@ -20,24 +20,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from torch import nn
 
 from mmvl.errors import UserError
 from mmvl.models.base import BaseModel
 from mmvl.models.modules.image_encoders import build_image_encoder
-from mmvl.models.visual_bert import load_bert_weights
+from mmvl.models.visual_bert import _BERT_KEYS, load_bert_weights
+from mmvl.models.visual_bert import _cfg as plain_config
 from mmvl.registry import register_model
 
-_BERT_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-              "hidden_dropout_prob", "attention_probs_dropout_prob", "vocab_size", "max_position_embeddings",
-              "initializer_range")
-
-
-def plain_config(config: Any) -> dict[str, Any]:
-    if isinstance(config, DictConfig):
-        return OmegaConf.to_container(config, resolve=True)  # type: ignore[return-value]
-    return dict(config or {})
 
 
 def _checkpoint_dir(path: str, model: str) -> Path:
