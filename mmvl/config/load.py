@@ -175,7 +175,8 @@ def _finish(merged: dict[str, Any], provenance: Provenance) -> DictConfig:
             f"Cannot resolve config key {key!r} (from {provenance.get(key, 'the merged config')}): "
             f"{_first_line(err)}. Fix the ${{...}} interpolation."
         ) from None
-    assert isinstance(resolved, dict)
+    if not isinstance(resolved, dict):  # a top-level config is always a mapping
+        raise TypeError(f"resolved config is a {type(resolved).__name__}, expected a mapping")
     if isinstance(resolved.get("datasets"), str):
         resolved["datasets"] = normalize_datasets(resolved["datasets"], "the resolved config")
     check_final(resolved, provenance)

@@ -149,7 +149,8 @@ class DevicePrefetcher:
         self._state: Any = None  # source state before ``_next`` was pulled
 
     def _preload(self) -> None:
-        assert self._it is not None
+        if self._it is None:  # _preload runs only after __iter__ started the source
+            raise RuntimeError("DevicePrefetcher._preload called before iteration started")
         if hasattr(self.source, "state_dict"):
             self._state = self.source.state_dict()
         try:
