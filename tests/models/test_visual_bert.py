@@ -15,6 +15,7 @@ ENCODERS = {
     "cnn": {"type": "cnn", "params": {"channels": [8, 8, 16, 16]}},
     "patch": {"type": "patch", "params": {"patch_size": 15, "out_dim": 16}},
     "resnet": {"type": "resnet", "params": {"depth": 18, "stages": 1}},
+    "film_cnn": {"type": "film_cnn", "params": {"film_channels": 4, "channels": [8, 8, 16, 16]}},
 }
 
 
@@ -131,3 +132,23 @@ def test_minilm_init_equals_checkpoint():
     assert model(batch())["scores"].shape == (3, 7)
     with pytest.raises(UserError, match="vocab_size"):
         tiny(vocab_size=31, text_encoder={"pretrained_path": "minilm"})
+
+
+def test_film_cnn_depends_on_the_question():
+    model = tiny(image_encoder=ENCODERS["film_cnn"]).eval()
+    b = batch()
+    other = dict(b, input_ids=b["input_ids"].flip(1))
+    grid_a = model._encode_image(b)
+    grid_b = model._encode_image(other)
+    assert not torch.allclose(grid_a, grid_b)  # same pixels, other words -> other visual tokens
+
+
+def test_pooled_and_visual_head_reads_every_visual_token():
+    model = tiny(classifier_input="pooled_and_visual", image_size=75).eval()
+    assert model.num_visual_tokens == 25  # four stride-2 layers: 75 -> 5x5
+    b = batch()
+    assert model(b)["scores"].shape == (3, 7)
+    with pytest.raises(UserError, match="image_size"):
+        model(batch(size=45))
+    with pytest.raises(UserError, match="classifier_input"):
+        tiny(classifier_input="flat")
