@@ -16,6 +16,8 @@ ENCODERS = {
     "patch": {"type": "patch", "params": {"patch_size": 15, "out_dim": 16}},
     "resnet": {"type": "resnet", "params": {"depth": 18, "stages": 1}},
     "film_cnn": {"type": "film_cnn", "params": {"film_channels": 4, "channels": [8, 8, 16, 16]}},
+    "film_every_layer": {"type": "film_cnn", "params": {"pixel_layer": False, "every_layer": True,
+                                                        "channels": [8, 8, 16, 16]}},
 }
 
 
@@ -69,9 +71,10 @@ def test_padding_does_not_change_scores():
     torch.testing.assert_close(model(b)["scores"][:1], model(short)["scores"], rtol=1e-4, atol=1e-5)
 
 
-def test_gradient_checkpointing_gives_same_gradients():
+@pytest.mark.parametrize("kind", ["cnn", "film_every_layer"])
+def test_gradient_checkpointing_gives_same_gradients(kind):
     b = batch()
-    plain, ckpt = tiny().train(), tiny().train()
+    plain, ckpt = tiny(image_encoder=ENCODERS[kind]).train(), tiny(image_encoder=ENCODERS[kind]).train()
     ckpt.enable_gradient_checkpointing()
     grads = []
     for model in (plain, ckpt):
@@ -99,6 +102,8 @@ def test_user_errors():
         build_image_encoder({"type": "pach"})
     with pytest.raises(UserError, match="weights.pt"):
         build_image_encoder({"type": "resnet", "params": {"pretrained_path": "/nowhere/weights.pt"}})
+    with pytest.raises(UserError, match="every_layer"):
+        build_image_encoder({"type": "film_cnn", "params": {"cond_dim": 8, "pixel_layer": False}})
     with pytest.raises(UserError, match="max_grid_size"):
         tiny(max_grid_size=2)(batch())
 
@@ -134,8 +139,12 @@ def test_minilm_init_equals_checkpoint():
         tiny(vocab_size=31, text_encoder={"pretrained_path": "minilm"})
 
 
-def test_film_cnn_depends_on_the_question():
-    model = tiny(image_encoder=ENCODERS["film_cnn"]).eval()
+@pytest.mark.parametrize("kind", ["film_cnn", "film_every_layer"])
+def test_film_cnn_depends_on_the_question(kind):
+    model = tiny(image_encoder=ENCODERS[kind]).eval()
+    if kind == "film_every_layer":  # FiLM starts as the identity; give it something to modulate
+        for film in model.image_encoder.layer_films:
+            torch.nn.init.normal_(film.weight, std=0.5)
     b = batch()
     other = dict(b, input_ids=b["input_ids"].flip(1))
     grid_a = model._encode_image(b)
