@@ -6,8 +6,10 @@ weight matrices: biases and the parameters of normalisation layers (LayerNorm,
 GroupNorm, BatchNorm, RMSNorm, anything whose class name contains "Norm") land
 in a ``no_decay`` group with ``weight_decay=0``, as in BERT-style training and
 MMF's transformer models. Embedding tables do decay (also the BERT convention).
-A model that needs its own grouping (e.g. a lower LR for a pretrained encoder)
-defines ``get_optimizer_parameters(config) -> list[param group dict]``.
+A model's ``lr_multipliers()`` (parameter-name prefix -> factor) puts those
+parameters in groups whose lr is the base lr times the factor (e.g. a pretrained
+text encoder at 0.1x); a model that needs its own grouping altogether defines
+``get_optimizer_parameters(config) -> list[param group dict]``.
 
 Schedulers are ``LambdaLR``s stepped once per update, so their state dict is
 plain numbers and survives ``weights_only`` checkpoint loading.
@@ -49,23 +51,66 @@ def _is_norm(module: torch.nn.Module) -> bool:
     return isinstance(module, norm_types) or "Norm" in type(module).__name__
 
 
-def param_groups(model: torch.nn.Module, weight_decay: float | None = None) -> list[dict[str, Any]]:
+def _strip_wrappers(name: str) -> str:
+    """``module.bert.x`` -> ``bert.x``: names as the single-device model has them."""
+    for prefix in ("module.", "_orig_mod.", "_fsdp_wrapped_module."):
+        while name.startswith(prefix):
+            name = name[len(prefix):]
+    return name
+
+
+def _multiplier(name: str, multipliers: Mapping[str, float]) -> float:
+    matches = [p for p in multipliers if name == p or name.startswith(p + ".")]
+    return float(multipliers[max(matches, key=len)]) if matches else 1.0
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float | None = None,
+                 multipliers: Mapping[str, float] | None = None) -> list[dict[str, Any]]:
     """Split trainable parameters into decay / no_decay groups (empty groups dropped).
 
-    ``weight_decay=None`` leaves the decay group on the optimizer's default.
+    ``weight_decay=None`` leaves the decay group on the optimizer's default. With
+    ``multipliers`` each group is further split by lr factor (``lr_multiplier`` key).
     """
-    decay, no_decay, seen = [], [], set()
-    for module in model.modules():
+    groups: dict[tuple[bool, float], list[torch.nn.Parameter]] = {}
+    seen: set[int] = set()
+    for module_name, module in model.named_modules():
         for name, p in module.named_parameters(recurse=False):
             if not p.requires_grad or id(p) in seen:
                 continue
             seen.add(id(p))
-            (no_decay if _is_norm(module) or name.endswith("bias") else decay).append(p)
-    decay_group: dict[str, Any] = {"params": decay, "group": "decay"}
-    if weight_decay is not None:
-        decay_group["weight_decay"] = float(weight_decay)
-    groups = [decay_group, {"params": no_decay, "weight_decay": 0.0, "group": "no_decay"}]
-    return [g for g in groups if g["params"]]
+            full = _strip_wrappers(f"{module_name}.{name}" if module_name else name)
+            no_decay = _is_norm(module) or name.endswith("bias")
+            groups.setdefault((no_decay, _multiplier(full, multipliers or {})), []).append(p)
+    result = []
+    for (no_decay, mult), params in sorted(groups.items()):
+        group: dict[str, Any] = {"params": params, "group": "no_decay" if no_decay else "decay"}
+        if no_decay:
+            group["weight_decay"] = 0.0
+        elif weight_decay is not None:
+            group["weight_decay"] = float(weight_decay)
+        if mult != 1.0:
+            group["lr_multiplier"] = mult
+        result.append(group)
+    return result
+
+
+def base_lr(optimizer: torch.optim.Optimizer) -> float:
+    """The current lr of the model's main parameters (groups with an ``lr_multiplier`` scaled back)."""
+    for group in optimizer.param_groups:
+        if "lr_multiplier" not in group:
+            return float(group["lr"])
+    group = optimizer.param_groups[0]
+    return float(group["lr"]) / float(group["lr_multiplier"])
+
+
+def _lr_multipliers(model: torch.nn.Module) -> dict[str, float]:
+    """The single-device model's ``lr_multipliers()``, looked up through parallel wrappers."""
+    inner = model
+    while not callable(getattr(inner, "lr_multipliers", None)) and isinstance(getattr(inner, "module", None),
+                                                                            torch.nn.Module):
+        inner = inner.module
+    get = getattr(inner, "lr_multipliers", None)
+    return dict(get()) if callable(get) else {}
 
 
 def scaled_lr(base_lr: float, scaling: str | None, global_batch_size: int | None) -> float:
@@ -111,7 +156,16 @@ def build_optimizer(model: torch.nn.Module, config: Any) -> torch.optim.Optimize
         raise UserError("optimizer.lr_scaling is set but optimizer.params.lr is missing; give a base lr.")
 
     custom = getattr(model, "get_optimizer_parameters", None)
-    groups = custom(config) if callable(custom) else param_groups(model, params.get("weight_decay"))
+    if callable(custom):
+        groups = custom(config)
+    else:
+        groups = param_groups(model, params.get("weight_decay"), _lr_multipliers(model))
+        for group in groups:
+            if "lr_multiplier" in group:
+                if "lr" not in params:
+                    raise UserError("the model asks for per-part learning rates (lr_multipliers) but "
+                                    "optimizer.params.lr is not set; give a base lr.")
+                group["lr"] = params["lr"] * group["lr_multiplier"]
     if not callable(custom) and not groups:
         raise UserError(f"optimizer {name!r}: the model has no trainable parameters (all requires_grad=False?).")
     try:

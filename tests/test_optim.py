@@ -6,7 +6,7 @@ import torch
 from omegaconf import OmegaConf
 
 from mmvl.errors import UserError
-from mmvl.optim import build_optimizer, build_scheduler, param_groups
+from mmvl.optim import base_lr, build_optimizer, build_scheduler, param_groups
 
 
 class Tiny(torch.nn.Module):
@@ -157,3 +157,28 @@ def test_scheduler_takes_trainer_max_updates():
         build_scheduler(opt, cfg)
     s = build_scheduler(opt, cfg, max_updates=4)
     assert _lrs(s, opt, 5) == pytest.approx([1.0, 0.75, 0.5, 0.25, 0.0])
+
+
+class WithMultipliers(Tiny):
+    def lr_multipliers(self):
+        return {"lin": 0.5, "emb": 0.1}
+
+
+def test_lr_multipliers_by_parameter_prefix_also_through_a_wrapper():
+    class Wrapper(torch.nn.Module):  # what DDP / DataParallel look like from outside
+        def __init__(self, module):
+            super().__init__()
+            self.module = module
+
+    model = WithMultipliers()
+    cfg = _cfg({"type": "adam_w", "params": {"lr": 1e-3, "weight_decay": 0.1}})
+    for wrapped in (model, Wrapper(model)):
+        opt = build_optimizer(wrapped, cfg)
+        lr_of = {id(p): (g["lr"], g["weight_decay"]) for g in opt.param_groups for p in g["params"]}
+        assert lr_of[id(model.emb.weight)] == (pytest.approx(1e-4), 0.1)
+        assert lr_of[id(model.lin.weight)] == (pytest.approx(5e-4), 0.1)
+        assert lr_of[id(model.lin.bias)] == (pytest.approx(5e-4), 0.0)
+        assert lr_of[id(model.norm.weight)] == (pytest.approx(1e-3), 0.0)
+        assert base_lr(opt) == pytest.approx(1e-3)  # what the logs show: the new layers' lr
+    with pytest.raises(UserError, match="optimizer.params.lr"):
+        build_optimizer(model, _cfg({"type": "adam_w", "params": {"weight_decay": 0.1}}))

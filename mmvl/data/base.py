@@ -7,7 +7,8 @@ knows about devices or ranks.
 """
 from __future__ import annotations
 
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Mapping
 
 from omegaconf import DictConfig
 from torch.utils.data import Dataset
@@ -35,9 +36,12 @@ class DatasetBuilder:
         """Return the dataset for ``split`` (``train``, ``val`` or ``test``)."""
         raise NotImplementedError
 
+    #: padding per key where 0 would mean something: -100 is the label the masked-LM loss ignores
+    pad_values: Mapping[str, Any] = MappingProxyType({"lm_label_ids": -100})
+
     def collate(self, items: list[dict[str, Any]]) -> dict[str, Any]:
-        """Make a batch; the default pads variable-length tensors to the longest."""
-        return collate(items)
+        """Make a batch; the default pads variable-length tensors to the longest (``pad_values``, else 0)."""
+        return collate(items, self.pad_values)
 
     #: ``json`` or ``csv``: the file format ``predictions`` rows are written in
     prediction_format = "json"

@@ -77,6 +77,8 @@ class TrainStream:
 
     def _start_epoch(self) -> None:
         self.sampler.set_epoch(self.epoch, start=self.batch * self.batch_size)
+        if callable(getattr(self.dataset, "set_epoch", None)):  # per-epoch sample randomness (e.g. masking);
+            self.dataset.set_epoch(self.epoch)  # set before the loader starts, so its workers copy it
         g = torch.Generator().manual_seed((self.seed * 1000003 + self.epoch) * 101 + self.rank)
         loader = DataLoader(self.dataset, batch_size=self.batch_size, sampler=self.sampler,
                             collate_fn=self.collate_fn, num_workers=self.num_workers,

@@ -28,6 +28,13 @@ class BaseModel(torch.nn.Module):
     def enable_gradient_checkpointing(self) -> None:
         """Turn on activation checkpointing in the model's encoders (``training.gradient_checkpointing``)."""
 
+    def lr_multipliers(self) -> dict[str, float]:
+        """Parameter-name prefix -> multiple of ``optimizer.params.lr`` (e.g. ``{"bert": 0.1}``).
+
+        Lets a pretrained encoder be fine-tuned gently while new layers learn at the full rate.
+        """
+        return {}
+
     def shard_units(self) -> list[torch.nn.Module]:
         """Sub-modules that FSDP shards one by one (e.g. transformer layers)."""
         return []

@@ -14,14 +14,14 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from mmvl.models.base import BaseModel
-from mmvl.models.mmbt import (VisualTokens, build_text_bert, enable_bert_checkpointing, plain_config, pool_tokens,
-                              require_num_labels)
+from mmvl.models.modules.bert import (TextBertModel, build_text_bert, enable_bert_checkpointing, plain_config,
+                                      require_num_labels)
+from mmvl.models.modules.visual_tokens import VisualTokens, pool_tokens
 from mmvl.registry import register_model
 
 
 @register_model("concat_bert")
-class ConcatBert(BaseModel):
+class ConcatBert(TextBertModel):
     """``[BERT pooled text ; mean visual token]`` -> MLP; ``forward(batch) -> {"scores"}``."""
 
     config_path = "models/concat_bert.yaml"
@@ -59,6 +59,3 @@ class ConcatBert(BaseModel):
         enable_bert_checkpointing(self.bert)
         if self.visual.image_encoder is not None:
             self.visual.image_encoder.enable_gradient_checkpointing()
-
-    def shard_units(self) -> list[nn.Module]:
-        return list(self.bert.encoder.layer)

@@ -198,19 +198,22 @@ class Trainer:
             loader = eval_loader(dataset, batch_size=self.batch_size, collate_fn=builder.collate,
                                  rank=self.env.rank, world_size=self.env.world_size,
                                  num_workers=int(self.config.training.num_workers))
-            kept = []
+            kept, model_losses = [], _WeightedMeans()
             for batch in loader:
                 batch = self.engine.to_device(batch)
                 with self.engine.autocast():
                     output = self.model(batch)
                 part = {k: _to_cpu(batch[k]) for k in keys if k in batch}
-                part["scores"] = output["scores"].detach().float().cpu()
+                part["scores"] = _to_cpu(output["scores"].float())
                 kept.append(part)
+                model_losses.add(output.get("losses") or {}, part["scores"].shape[0])
             data = self.engine.gather_for_metrics(concat_for_metrics(kept), len(dataset))
             output = {"scores": data["scores"]}
-            values = {}
+            values = model_losses.reduce()  # every rank joins this collective
             if "targets" in data:
-                values = {k: float(v) for k, v in compute_losses(self.losses, data, output).items()}
+                for k, v in compute_losses(self.losses, data, output).items():
+                    values[k] = float(v)
+            if values:
                 values["total_loss"] = sum(values.values())
             for metric in self.metrics[name]:
                 if not all(k in data for k in metric.required_keys):
@@ -255,6 +258,30 @@ class Trainer:
                 c.load_state_dict(state["callbacks"][type(c).__name__])
 
 
+class _WeightedMeans:
+    """Means over a split of the per-batch losses a model returns (weighted by batch size).
+
+    Model losses are scalars per batch, so they cannot be gathered per sample like scores;
+    the padded duplicates of a distributed evaluation count here (a few samples at most).
+    """
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = {}
+        self.count = 0
+
+    def add(self, losses: dict[str, Any], n: int) -> None:
+        for k, v in losses.items():
+            self.sums[k] = self.sums.get(k, 0.0) + float(v) * n
+        if losses:
+            self.count += n
+
+    def reduce(self) -> dict[str, float]:
+        parts = comm.all_gather_object((self.sums, self.count))
+        total = sum(c for _, c in parts)
+        names = sorted({k for s, _ in parts for k in s})
+        return {k: sum(s.get(k, 0.0) for s, _ in parts) / total for k in names} if total else {}
+
+
 def _check_writable(save_dir: str) -> None:
     try:
         os.makedirs(save_dir, exist_ok=True)
@@ -268,7 +295,8 @@ def _check_writable(save_dir: str) -> None:
 
 
 def _to_cpu(value: Any) -> Any:
-    return value.detach().cpu() if isinstance(value, torch.Tensor) else value
+    """An own copy on the CPU: a CPU view would keep the batch's whole shared-memory arena alive."""
+    return value.detach().to("cpu", copy=True) if isinstance(value, torch.Tensor) else value
 
 
 def run(config: DictConfig) -> dict[str, Any]:

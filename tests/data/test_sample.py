@@ -6,6 +6,7 @@ import torch
 from torch.utils.data import DataLoader
 
 import mmvl.data.sample as sample
+import mmvl.data.shm as shm
 from mmvl.data.loaders import TrainStream
 from mmvl.data.sample import DevicePrefetcher, batch_size_of, collate, to_device
 
@@ -178,3 +179,135 @@ def test_cuda_path_copies_ahead_on_the_side_stream_and_waits_before_handing_over
     assert rec.log == ["copy0:side:async", "wait", "copy1:side:async"]
     assert [b["x"].item() for b in it] == [1, 2]
     assert rec.log[3:] == ["wait", "copy2:side:async", "wait"]
+
+
+# -- batches from DataLoader workers travel in reusable shared-memory arenas --------------------
+
+def _rich_items(n):
+    """Every kind of value collate handles, with padding, fp16, and samples large enough to be
+    copied row by row (> 64 KiB)."""
+    return [{"tokens": torch.arange(1 + i % 5), "mask": torch.ones(1 + i % 5, dtype=torch.bool),
+             "feat": torch.full((40, 512), float(i), dtype=torch.float16),
+             "boxes": torch.full((3 + i % 2, 4), i / 10), "n": i, "score": i / 2, "flag": i % 2 == 0,
+             "name": f"s{i}", "maybe": None if i % 3 else torch.tensor(i),
+             "nested": {"ids": torch.tensor([i, -i]), "w": 640}} for i in range(n)]
+
+
+def _assert_batches_equal(a, b):
+    assert type(a) is dict and a.keys() == b.keys()
+    for k in a:
+        if isinstance(a[k], dict):
+            _assert_batches_equal(a[k], b[k])
+        elif isinstance(a[k], torch.Tensor):
+            assert a[k].dtype == b[k].dtype and a[k].shape == b[k].shape and torch.equal(a[k], b[k]), k
+        elif isinstance(a[k], list) and any(isinstance(x, torch.Tensor) for x in a[k]):  # a key with None
+            assert [x is None for x in a[k]] == [y is None for y in b[k]], k
+            assert all(x is None or torch.equal(x, y) for x, y in zip(a[k], b[k])), k
+        else:
+            assert a[k] == b[k], k
+
+
+@pytest.fixture
+def fresh_arenas(monkeypatch):
+    """This process's arena pool and mappings, emptied for the test and restored after."""
+    monkeypatch.setattr(shm, "_POOL", None)
+    monkeypatch.setattr(shm, "_MAPPED", {})
+
+
+def test_worker_batches_equal_in_process_collate(fresh_arenas):
+    items = _rich_items(23)
+    loader = DataLoader(items, batch_size=4, num_workers=2, collate_fn=collate, timeout=60)
+    expected = [collate(items[i:i + 4]) for i in range(0, 23, 4)]
+    for _ in range(2):
+        got = list(loader)
+        assert len(got) == len(expected)
+        for a, b in zip(got, expected):
+            _assert_batches_equal(a, b)
+            assert a["nested"]["ids"].untyped_storage().data_ptr() == a["feat"].untyped_storage().data_ptr()
+
+
+def test_held_batches_and_views_are_never_overwritten(fresh_arenas):
+    items = _rich_items(40)
+    loader = DataLoader(items, batch_size=2, num_workers=1, collate_fn=collate, persistent_workers=True,
+                        timeout=60)
+    held, view, seen = None, None, 0
+    for epoch in range(3):
+        for batch in loader:
+            if held is None:
+                held = batch  # kept whole
+            elif view is None:
+                view = batch["feat"][1, :3]  # only a view kept; its batch dict and tensors are dropped
+            seen += 1
+    assert held["n"].tolist() == [0, 1] and torch.all(held["feat"][1] == 1)
+    assert torch.all(view == 3) and view.shape == (3, 512)
+    assert len(shm._MAPPED) < seen // 4  # arenas were reused, not one per batch
+
+
+def test_worker_side_changes_to_the_batch_travel_too(fresh_arenas):
+    def collate_then_edit(items):
+        batch = collate(items)
+        batch["double"] = batch["feat"].float() * 2  # a tensor made after collate: sent the usual way
+        batch["feat_head"] = batch["feat"][:, :2]    # a view into the arena
+        batch["nested"]["extra"] = "x"
+        return batch
+
+    items = _rich_items(8)
+    for batch, i in zip(DataLoader(items, batch_size=4, num_workers=1, collate_fn=collate_then_edit,
+                                   timeout=60), (0, 4)):
+        assert batch["double"][0, 0, 0].item() == 2 * i and batch["feat_head"].shape == (4, 2, 512)
+        assert torch.equal(batch["feat_head"], batch["feat"][:, :2]) and batch["nested"]["extra"] == "x"
+
+
+class _InWorker:
+    id = 0
+
+
+def test_an_arena_batch_pickles_as_a_plain_dict_and_by_reference_only_on_the_loader_queue(
+        fresh_arenas, monkeypatch):
+    import copy
+    import pickle
+    from multiprocessing.reduction import ForkingPickler
+
+    monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda: _InWorker())
+    items = _rich_items(4)
+    batch = collate(items)
+    assert isinstance(batch, shm._SharedBatch)
+    expected = dict(batch)
+    for clone in (pickle.loads(pickle.dumps(batch)), copy.deepcopy(batch)):  # torch.save, copy: a dict
+        assert type(clone) is dict
+        _assert_batches_equal(clone, expected)
+    arena = batch._arena
+    sent = pickle.loads(ForkingPickler.dumps(batch))  # what the DataLoader queue does, in one process
+    _assert_batches_equal(sent, expected)
+    assert arena.lent and arena.mm[shm._STATE] == shm._BUSY
+    del batch, expected
+    assert not arena.local
+    assert arena.mm[shm._STATE] == shm._BUSY  # the receiver still holds it
+    keep = sent["feat"][2]
+    del sent
+    assert arena.mm[shm._STATE] == shm._BUSY  # ... through a view
+    assert torch.all(keep == 2)
+    del keep
+    assert arena.mm[shm._STATE] == shm._FREE
+    again = collate(items)
+    assert again._arena is arena  # reused
+    _assert_batches_equal(dict(again), collate(items))
+
+
+def test_without_memfd_workers_fall_back_to_torch_shared_memory(monkeypatch):
+    monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda: _InWorker())
+    monkeypatch.setattr(shm, "ARENAS", False)
+    batch = collate(_rich_items(3))
+    assert type(batch) is dict and batch["feat"].is_shared() and batch["tokens"].is_shared()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("context", ["spawn", "forkserver"])
+def test_arenas_under_other_start_methods(fresh_arenas, context):
+    items = _rich_items(12)
+    loader = DataLoader(items, batch_size=4, num_workers=2, collate_fn=collate, timeout=120,
+                        multiprocessing_context=context, persistent_workers=True)
+    expected = [collate(items[i:i + 4]) for i in range(0, 12, 4)]
+    for _ in range(2):
+        for a, b in zip(loader, expected):
+            _assert_batches_equal(a, b)

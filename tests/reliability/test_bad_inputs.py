@@ -207,7 +207,6 @@ def setup_row(row: Row, world: Path, root: Path) -> Ctx:
     if not row.fresh:
         shutil.copytree(world / "previous" / "save", ctx.save)
     if row.vl:
-        pytest.importorskip(f"mmvl.data.datasets.{row.vl}")
         from tests.fixtures import vl_data
 
         getattr(vl_data, f"write_{row.vl}")(root / "data")

@@ -93,8 +93,6 @@ def test_predict_refuses_it(tmp_path, capsys):
 
 def test_pickled_feature_file_is_refused(tmp_path, capsys):
     """Region features as .npy: an object array (pickle inside) is refused unless allow_pickle."""
-    pytest.importorskip("mmvl.data.datasets.hateful_memes")
-    pytest.importorskip("mmvl.data.features")
     from tests.fixtures.vl_data import write_hateful_memes
     from tests.reliability.test_bad_inputs import vl_opts
 

@@ -7,9 +7,12 @@ probability ``negative_ratio``, a caption of another image (``targets`` 0). The
 choice depends only on ``seed``, the split and ``i``, so every epoch, worker
 count and rank sees the same pairs and evaluation is repeatable.
 
-``mask_probability`` > 0 asks the text processor for masked-LM labels; it is
-passed only to processors that accept it (``bert_tokenizer`` does not yet, and
-then no masking happens: a warning says so).
+``mask_probability`` > 0 asks the text processor for masked-LM inputs and
+``lm_label_ids`` (``bert_tokenizer`` masks; a processor without masking, such
+as ``vocab``, gets a warning and no masking). Masking is drawn from
+``(seed, split, index, epoch)``, so it changes every epoch but never depends on
+the worker or rank, and it is applied to the train split only unless
+``mask_eval: true``.
 """
 from __future__ import annotations
 
@@ -39,11 +42,17 @@ class COCOMatchingDataset(ImageLoading, Dataset):
     dataset = "coco_captions"
 
     def __init__(self, records: list[dict[str, Any]], images: Path, text_processor: Any, image_processor: Any,
-                 features_processor: Any, policy: str, negative_ratio: float, seed: int, salt: int):
+                 features_processor: Any, policy: str, negative_ratio: float, seed: int, salt: int,
+                 mask: bool = False):
         self.records, self.images = records, images
         self.text_processor, self.image_processor = text_processor, image_processor
         self.features_processor, self.policy = features_processor, policy
         self.negative_ratio, self.seed, self.salt = float(negative_ratio), int(seed), int(salt)
+        self.mask, self.epoch = bool(mask), 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Called by the train loader before each epoch: masking differs between epochs."""
+        self.epoch = int(epoch)
 
     def image_path(self, record: dict[str, Any]) -> Path:
         return self.images / record["file_name"]
@@ -70,7 +79,10 @@ class COCOMatchingDataset(ImageLoading, Dataset):
             return None
         other = self.records[self.partner(index)]
         item: dict[str, Any] = {"id": record["id"], "image_id": record["image_id"], "caption_id": other["id"]}
-        item.update(self.text_processor(other["caption"]))
+        if self.mask:  # the stream id 1 keeps masking draws apart from partner()'s
+            item.update(self.text_processor(other["caption"], rng=[self.seed, self.salt, index, self.epoch, 1]))
+        else:
+            item.update(self.text_processor(other["caption"]))
         item.update(visual)
         item["targets"] = int(other["image_id"] == record["image_id"])
         return item
@@ -128,9 +140,11 @@ class COCOCaptionsBuilder(FileDatasetBuilder):
         if ratio > 0 and len({r["image_id"] for r in records}) < 2:
             raise UserError(f"coco_captions {split}: negatives need captions of at least two images; "
                             "add images or set negative_ratio: 0.")
+        masking = float(getattr(self.text_processor, "mask_probability", 0.0) or 0.0) > 0
+        mask = masking and (split == "train" or bool(self.cfg.get("mask_eval", False)))
         return COCOMatchingDataset(records, images, self.text_processor, self.image_processor,
                                    self.features_processor, self.policy, ratio, int(self.cfg.get("seed", 0)),
-                                   _SPLIT_SALT.get(split, 3))
+                                   _SPLIT_SALT.get(split, 3), mask=mask)
 
     def model_info(self) -> dict[str, int]:
         return {"vocab_size": int(self.text_processor.vocab_size), "num_labels": 2}

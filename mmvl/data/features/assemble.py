@@ -2,8 +2,9 @@
 
 Shared by every reader so the LMDB, pickled-LMDB and ``.npy`` sources yield
 identical samples. Features keep their stored dtype (fp16 stays fp16 on the
-host; the model casts on device) and are copied exactly once, straight into
-the padded output.
+host; the model casts on device) and are copied at most once, straight into
+the padded output; arrays the reader may hand out as they are (private, or
+copy-on-write views) are not copied at all.
 """
 from __future__ import annotations
 
@@ -45,8 +46,8 @@ def to_sample(features: np.ndarray, boxes: np.ndarray | None, image_width: int, 
     n = rows if rows < m else m
     real = n if num_boxes is None or num_boxes > n else int(num_boxes)
     dtype = _F16 if features.dtype == _F16 else _F32
-    if rows == m and features.dtype == dtype and features.flags.writeable and features.flags.c_contiguous:
-        out = features  # a private array (np.load, pickle): no copy needed
+    if rows >= m and features.dtype == dtype and features.flags.writeable and features.flags.c_contiguous:
+        out = features[:m]  # private (np.load, pickle) or copy-on-write (the LMDB reader's map): no copy
     elif rows == m:
         out = np.array(features, dtype=dtype)  # the one copy, out of the memory map
     else:

