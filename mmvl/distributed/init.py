@@ -51,9 +51,22 @@ def export_nccl_env(config: Any) -> dict[str, str]:
     return exported
 
 
-def _use_cuda(config: Any) -> bool:
-    wanted = str(config_value(config, "training.device", "auto")).lower()
-    return torch.cuda.is_available() and not wanted.startswith("cpu")
+def _wanted_device(config: Any) -> tuple[bool, int | None]:
+    """``training.device`` as (use CUDA, explicit index or None); raises on a value we cannot honour."""
+    wanted = str(config_value(config, "training.device", "auto")).strip().lower()
+    kind, _, index = wanted.partition(":")
+    if kind not in ("auto", "cpu", "cuda") or (index and (kind != "cuda" or not index.isdigit())):
+        raise UserError(f"training.device={wanted!r} is not one of auto, cpu, cuda, cuda:N.")
+    if kind == "cpu":
+        return False, None
+    if kind == "auto":
+        return torch.cuda.is_available(), None
+    if not torch.cuda.is_available():
+        raise UserError(f"training.device={wanted} but no CUDA device is visible here; use training.device=auto "
+                        "(CUDA when present, else CPU) or cpu.")
+    if index and int(index) >= device_count():
+        raise UserError(f"training.device={wanted} but only {device_count()} CUDA devices are visible.")
+    return True, int(index) if index else None
 
 
 def _backend(config: Any, cuda: bool) -> str:
@@ -114,7 +127,7 @@ def init_distributed(config: Any = None, environ: Mapping[str, str] | None = Non
     """Read the launcher, join the process group when there is more than one process, pick the device."""
     environ = os.environ if environ is None else environ
     export_nccl_env(config)
-    cuda = _use_cuda(config)
+    cuda, index = _wanted_device(config)
     layout = detect_launcher(config, environ)
     if layout is None and dist.is_available() and dist.is_initialized():
         layout = {"source": "existing", "rank": dist.get_rank(), "world_size": dist.get_world_size(),
@@ -122,6 +135,8 @@ def init_distributed(config: Any = None, environ: Mapping[str, str] | None = Non
                   "local_world_size": int(environ.get("LOCAL_WORLD_SIZE", dist.get_world_size())),
                   "init_method": None}
     if layout is None or layout["world_size"] <= 1:
+        if cuda and index is not None:
+            torch.cuda.set_device(index)
         device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
         return DistEnv(device=device)
     check_world_size(config, layout["world_size"])

@@ -110,6 +110,17 @@ def test_bad_backend_is_a_user_error(fake_init, backend, match):
         init_distributed({"distributed": {"backend": backend}}, environ=TORCHRUN_2)
 
 
+@pytest.mark.parametrize("device,match", [("tpu", "training.device='tpu'"), ("cuda:x", "cuda:N"),
+                                          ("cpu:1", "cuda:N"), ("cuda", "no CUDA device"),
+                                          ("cuda:0", "no CUDA device")])
+def test_bad_or_unavailable_device_is_a_user_error(monkeypatch, device, match):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(UserError, match=match):
+        init_distributed({"training": {"device": device}}, environ={})
+    for ok in ("auto", "cpu", "CPU"):
+        assert init_distributed({"training": {"device": ok}}, environ={}).device == torch.device("cpu")
+
+
 def test_seeds():
     seed_everything(3, rank=0)
     a = (random.random(), torch.rand(1))
