@@ -17,7 +17,10 @@ Sharded checkpoints (one part per rank, e.g. FSDP through DCP) are a directory
 that counts as complete only once every rank's part is written and rank 0 has
 added :data:`SHARDED_MARKER` (listing each file and its size);
 :func:`check_sharded_complete` refuses any other directory, and
-:meth:`CheckpointManager.latest_sharded` skips it.
+:meth:`CheckpointManager.latest_sharded` skips it. A trainer's sharded
+checkpoint also holds :data:`SHARDED_STATE` (everything but model and
+optimizer, written by rank 0 before the marker). :meth:`CheckpointManager.find_latest`
+picks the newest complete checkpoint of either form.
 """
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ import shutil
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -41,6 +44,7 @@ _PERIODIC = re.compile(r"^model_(\d+)\.ckpt$")
 _SHARDED = re.compile(r"^sharded_(\d+)$")
 _TEMP = re.compile(r"^\..+\.tmp$")  # what _temp_path makes
 SHARDED_MARKER = "COMPLETE.json"
+SHARDED_STATE = "state.ckpt"  # the rest of a trainer's checkpoint inside a sharded directory
 _PREFIXES = ("module.", "_orig_mod.")
 
 
@@ -98,14 +102,23 @@ def _link_replace(src: Path, dst: Path) -> None:
 
 
 def safe_load(path: str | os.PathLike, map_location: Any = "cpu",
-              expect_keys: Iterable[str] = ("model",)) -> dict[str, Any]:
-    """Load a checkpoint with ``weights_only=True``; any problem is a UserError naming ``path``."""
+              expect_keys: Iterable[str] = ("model",), mmap: bool = False) -> dict[str, Any]:
+    """Load a checkpoint with ``weights_only=True``; any problem is a UserError naming ``path``.
+
+    ``mmap=True`` maps tensors instead of reading them: a cheap look at the counters
+    that still refuses a truncated file (its zip directory is missing).
+    """
     path = Path(path)
     if not path.is_file():
         raise UserError(f"checkpoint {str(path)!r} does not exist; check the path "
                         "(checkpoint.resume_file / the run's save_dir).")
     try:
-        obj = torch.load(path, map_location=map_location, weights_only=True)
+        try:
+            obj = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+        except RuntimeError as e:
+            if not (mmap and "mmap can only be used" in str(e)):
+                raise
+            obj = torch.load(path, map_location=map_location, weights_only=True)  # a legacy-format file
     except Exception as e:  # noqa: BLE001 - torch raises many types for bad files
         text = str(e)
         if "Weights only load failed" in text or "Unsupported global" in text:
@@ -171,6 +184,10 @@ class CheckpointManager:
             self._prune()
         return written
 
+    def save_best(self, state: Mapping[str, Any]) -> Path:
+        """Write ``best.ckpt`` alone (a sharded run's periodic saves are directories)."""
+        return atomic_save(state, self.best_path)
+
     def remove_stale_temps(self) -> list[Path]:
         """Delete temp files a killed save left behind (this manager is the only writer)."""
         if not self.dir.is_dir():
@@ -186,18 +203,86 @@ class CheckpointManager:
         """The directory a sharded checkpoint of ``update`` goes to."""
         return self.dir / f"sharded_{int(update)}"
 
-    def latest_sharded(self) -> Path | None:
-        """The newest sharded checkpoint directory that is complete; incomplete ones are skipped."""
+    def sharded_paths(self) -> list[Path]:
+        """``sharded_<update>`` directories (complete or not), oldest update first."""
         if not self.dir.is_dir():
-            return None
-        found = sorted(((int(m.group(1)), p) for p in self.dir.iterdir()
-                        if p.is_dir() and (m := _SHARDED.match(p.name))), reverse=True)
-        for _, path in found:
+            return []
+        found = [(int(m.group(1)), p) for p in self.dir.iterdir()
+                 if p.is_dir() and (m := _SHARDED.match(p.name))]
+        return [p for _, p in sorted(found)]
+
+    def latest_sharded(self, require: str | None = None) -> Path | None:
+        """The newest sharded checkpoint directory that is complete; incomplete ones are skipped.
+
+        ``require``: a file the directory must also hold (e.g. :data:`SHARDED_STATE`).
+        """
+        for path in self.sharded_paths()[::-1]:
             problem = sharded_problem(path)
+            if problem is None and require and not (path / require).is_file():
+                problem = f"it has no {require} (a strategy-level save, not a trainer checkpoint)"
             if problem is None:
                 return path
             log.warning("skipping incomplete sharded checkpoint %s: %s", path, problem)
         return None
+
+    def prune_sharded(self) -> list[Path]:
+        """Keep the newest ``max_to_keep`` complete sharded directories; remove older ones and
+        incomplete leftovers of crashed saves. Call right after a save, on rank 0 only."""
+        if self.max_to_keep <= 0:
+            return []
+        paths = self.sharded_paths()
+        complete = [p for p in paths if sharded_problem(p) is None]
+        keep = set(complete[-self.max_to_keep:])
+        removed = [p for p in paths if p not in keep]
+        for path in removed:
+            (path / SHARDED_MARKER).unlink(missing_ok=True)  # incomplete first, then gone
+            shutil.rmtree(path, ignore_errors=True)
+        return removed
+
+    def find_latest(self, best: bool = False, sharded: bool = True) -> Path | None:
+        """The newest complete checkpoint, a full file or a sharded directory (rank 0 decides).
+
+        ``best``: ``best.ckpt`` when it exists and is readable. Otherwise the first
+        readable of ``last.ckpt`` and the periodic files (newest first) is compared
+        with the newest complete sharded directory by update; on a tie the sharded one
+        wins when ``sharded`` (the caller can read it). Unusable candidates are skipped
+        with a warning. None when there is no checkpoint at all; UserError when there
+        are some but none is usable, or when the newest is sharded and ``sharded`` is False.
+        """
+        if best and not self.best_path.is_file():
+            log.warning("checkpoint.resume_best is set but %s does not exist; resuming from the latest.",
+                        self.best_path)
+        candidates = ([self.best_path] if best else []) + [self.last_path] + self.periodic_paths()[::-1]
+        problems, full = [], None
+        for path in candidates:
+            if not path.is_file():
+                continue
+            try:
+                state = safe_load(path, mmap=True)
+            except UserError as e:
+                log.warning("skipping unusable checkpoint: %s", e)
+                problems.append(str(e))
+                continue
+            if path == self.best_path:
+                return path
+            full = (int((state.get("trainer") or {}).get("update", -1)), path)
+            break
+        found = self.latest_sharded(require=SHARDED_STATE)
+        if found is not None:
+            update = int(_SHARDED.match(found.name).group(1))
+            if full is None or update > full[0] or (update == full[0] and sharded):
+                if not sharded:
+                    raise UserError(
+                        f"the newest checkpoint {str(found)!r} is sharded and this strategy cannot read "
+                        "it; resume with distributed.strategy=fsdp (any world size), ddp or single, or "
+                        "set checkpoint.resume_file to a full .ckpt file.")
+                return found
+        if full is not None:
+            return full[1]
+        if not problems:
+            return None
+        raise UserError(f"no loadable checkpoint in {str(self.dir)!r}; delete or repair the files listed. "
+                        f"Problems: {' | '.join(problems)}")
 
     def _prune(self) -> None:
         if self.max_to_keep <= 0:
@@ -299,6 +384,43 @@ def check_sharded_complete(directory: str | os.PathLike) -> None:
     if problem is not None:
         raise UserError(f"sharded checkpoint {str(directory)!r} is incomplete: {problem}; "
                         "resume from an earlier checkpoint.")
+
+
+def on_main_agreed(fn: Callable[[], Any], what: str) -> Any:
+    """Run ``fn`` on rank 0 only and broadcast its result; when it fails, every rank raises.
+
+    The broadcast replaces a barrier, so the other ranks never wait on a rank 0 that
+    already gave up (a UserError stays a UserError on every rank).
+    """
+    from mmvl.distributed import comm
+
+    result, error, raised = None, None, None
+    if comm.get_rank() == 0:
+        try:
+            result = fn()
+        except Exception as e:  # noqa: BLE001 - reported to every rank, re-raised here
+            raised = e
+            user = isinstance(e, UserError)
+            error = (user, str(e) if user else f"{type(e).__name__}: {e}")
+    result, error = comm.broadcast_object((result, error))
+    if raised is not None:
+        raise raised
+    if error is not None:
+        user, text = error
+        raise UserError(text) if user else RuntimeError(f"rank 0 failed to {what}: {text}")
+    return result
+
+
+def all_ranks_agreed(error: str | None, what: str) -> None:
+    """Every rank passes its own problem (or None); if any rank has one, every rank raises it."""
+    from mmvl.distributed import comm
+
+    errors = comm.all_gather_object(error)
+    if error is not None and all(e == error for e in errors):
+        raise UserError(error)  # the same problem everywhere (or one process)
+    problems = [f"rank {r}: {e}" for r, e in enumerate(errors) if e]
+    if problems:
+        raise UserError(f"could not {what}: {'; '.join(problems)}")
 
 
 def apply_state_mapping(state: Mapping[str, Any], mapping: Mapping[str, str] | None) -> dict[str, Any]:

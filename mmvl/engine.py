@@ -236,13 +236,20 @@ class Engine:
         return self.strategy.unwrap(model)
 
     # -- state --------------------------------------------------------------------
+    @property
+    def sharded_checkpoint(self) -> bool:
+        """Whether checkpoints are written per rank (``distributed.sharded_checkpoint`` under fsdp)."""
+        return self.strategy.sharded_checkpoint
+
     def state_dict(self, model: torch.nn.Module, optimizer: Any = None,
-                   scheduler: Any = None) -> dict[str, Any]:
-        """Model/optimizer/scaler/scheduler state, consolidated to full tensors."""
-        inner = optimizer.optimizer if isinstance(optimizer, PreparedOptimizer) else optimizer
-        sched = scheduler.scheduler if isinstance(scheduler, PreparedScheduler) else scheduler
-        state: dict[str, Any] = {"model": self.strategy.model_state_dict(model)}
-        if inner is not None:
+                   scheduler: Any = None, sharded: bool = False) -> dict[str, Any]:
+        """Model/optimizer/scaler/scheduler state, consolidated to full tensors.
+
+        ``sharded``: without model and optimizer (they go through :meth:`save_sharded`).
+        """
+        inner, sched = _inner(optimizer), _inner(scheduler)
+        state: dict[str, Any] = {} if sharded else {"model": self.strategy.model_state_dict(model)}
+        if inner is not None and not sharded:
             state["optimizer"] = self.strategy.optimizer_state_dict(model, inner)
         if self.scaler is not None:
             state["scaler"] = self.scaler.state_dict()
@@ -252,15 +259,29 @@ class Engine:
 
     def load_state_dict(self, state: dict[str, Any], model: torch.nn.Module,
                         optimizer: Any = None, scheduler: Any = None) -> None:
-        self.strategy.load_model_state_dict(model, state["model"])
-        inner = optimizer.optimizer if isinstance(optimizer, PreparedOptimizer) else optimizer
+        """Load a full state; model and optimizer only when present (see :meth:`load_sharded`)."""
+        if "model" in state:
+            self.strategy.load_model_state_dict(model, state["model"])
+        inner = _inner(optimizer)
         if inner is not None and state.get("optimizer") is not None:
             self.strategy.load_optimizer_state_dict(model, inner, state["optimizer"])
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
-        sched = scheduler.scheduler if isinstance(scheduler, PreparedScheduler) else scheduler
+        sched = _inner(scheduler)
         if sched is not None and state.get("scheduler") is not None:
             sched.load_state_dict(state["scheduler"])
+
+    def save_sharded(self, directory: str, model: torch.nn.Module, optimizer: Any = None,
+                     extra: dict[str, Any] | None = None) -> None:
+        """Every rank writes its part of model+optimizer; rank 0 adds ``extra``, then the marker."""
+        self.strategy.save_sharded_state(model, _inner(optimizer), directory, extra=extra)
+
+    def can_load_sharded(self, optimizer: Any = None) -> bool:
+        return self.strategy.can_load_sharded(_inner(optimizer))
+
+    def load_sharded(self, directory: str, model: torch.nn.Module, optimizer: Any = None) -> None:
+        """Every rank reads model+optimizer from a sharded directory (re-sharded to this world size)."""
+        self.strategy.load_sharded_state(model, _inner(optimizer), directory)
 
     def save_state(self, path: str) -> None:
         """Save what ``prepare`` saw (model, optimizer, scaler, scheduler, RNG) to one file."""
@@ -302,6 +323,13 @@ class DeviceLoader:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.loader, name)
+
+
+def _inner(obj: Any) -> Any:
+    """The optimizer/scheduler a PreparedOptimizer/PreparedScheduler wraps (else ``obj``)."""
+    if isinstance(obj, PreparedOptimizer):
+        return obj.optimizer
+    return obj.scheduler if isinstance(obj, PreparedScheduler) else obj
 
 
 def _rebind_scheduler(scheduler: Any, optimizer: torch.optim.Optimizer) -> None:

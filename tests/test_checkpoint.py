@@ -221,3 +221,90 @@ def test_apply_state_mapping_moves_pretrained_prefix():
                                                                       "model.encoder.emb": 2}
     assert apply_state_mapping(state, {"bert.": ""}) == {"layer.w": 1, "emb": 2}
     assert apply_state_mapping(state, {}) == state
+
+
+# -- sharded directories next to full files -------------------------------------------------------
+def _sharded(m: CheckpointManager, update: int, complete: bool = True, with_state: bool = True):
+    """A fabricated trainer sharded checkpoint (DCP parts are opaque bytes here)."""
+    from mmvl.checkpoint import SHARDED_STATE, mark_sharded_complete
+
+    d = m.sharded_path(update)
+    d.mkdir(parents=True)
+    (d / "__0_0.distcp").write_bytes(b"x" * 8)
+    (d / ".metadata").write_bytes(b"m")
+    if with_state:
+        atomic_save({"trainer": {"update": update}}, d / SHARDED_STATE)
+    if complete:
+        mark_sharded_complete(d, world_size=2)
+    return d
+
+
+def test_find_latest_picks_newest_of_full_and_sharded(tmp_path, caplog):
+    m = CheckpointManager(tmp_path, max_to_keep=3)
+    assert m.find_latest() is None
+    m.save(_state(1.0, 10), update=10, periodic=False)  # last.ckpt at 10
+    assert m.find_latest() == m.last_path
+    s20 = _sharded(m, 20)
+    _sharded(m, 30, complete=False)  # a crash mid-save: skipped with a warning
+    _sharded(m, 40, with_state=False)  # a strategy-level save: not resumable by the trainer
+    with caplog.at_level(logging.WARNING):
+        assert m.find_latest() == s20
+    assert "sharded_30" in caplog.text and "no COMPLETE.json" in caplog.text and "sharded_40" in caplog.text
+    with pytest.raises(UserError, match="sharded_20.*is sharded.*distributed.strategy=fsdp"):
+        m.find_latest(sharded=False)  # the newest is sharded but cannot be read: never fall back silently
+    m.save(_state(2.0, 20), update=20, periodic=False, is_best=True)  # a tie: sharded wins if readable
+    assert m.find_latest() == s20 and m.find_latest(sharded=False) == m.last_path
+    assert m.find_latest(best=True) == m.best_path
+    m.save(_state(3.0, 25), update=25)  # model_25.ckpt + last
+    assert m.find_latest() == m.last_path
+    m.last_path.unlink()
+    m.last_path.write_bytes(b"torn")  # unreadable last: the newest periodic file vs sharded_20
+    assert m.find_latest() == m.dir / "model_25.ckpt"
+    (m.dir / "model_25.ckpt").write_bytes(b"torn")
+    assert m.find_latest() == s20  # unreadable full files do not hide a good sharded checkpoint
+    legacy = tmp_path / "legacy.ckpt"  # the old (non-zip) format cannot be mapped: read it whole
+    torch.save(_state(4.0, 4), legacy, _use_new_zipfile_serialization=False)
+    assert safe_load(legacy, mmap=True)["trainer"]["update"] == 4
+
+
+def test_prune_sharded_keeps_newest_complete(tmp_path):
+    from mmvl.checkpoint import sharded_problem
+
+    m = CheckpointManager(tmp_path, max_to_keep=2)
+    for u in (5, 10, 20, 100):
+        _sharded(m, u)
+    _sharded(m, 15, complete=False)
+    m.save_best(_state(1.0, 5))
+    removed = m.prune_sharded()
+    assert sorted(p.name for p in removed) == ["sharded_10", "sharded_15", "sharded_5"]
+    assert [p.name for p in m.sharded_paths()] == ["sharded_20", "sharded_100"]  # numeric order
+    assert all(sharded_problem(p) is None for p in m.sharded_paths())
+    assert safe_load(m.best_path)["trainer"]["update"] == 5
+    assert CheckpointManager(tmp_path, max_to_keep=0).prune_sharded() == []
+
+
+def test_agreement_helpers_in_one_process():
+    from mmvl.checkpoint import all_ranks_agreed, on_main_agreed
+
+    assert on_main_agreed(lambda: 3, "x") == 3
+    with pytest.raises(UserError, match="^bad$"):
+        on_main_agreed(lambda: (_ for _ in ()).throw(UserError("bad")), "x")
+    all_ranks_agreed(None, "x")
+    with pytest.raises(UserError, match="^missing$"):
+        all_ranks_agreed("missing", "x")
+
+
+def test_zero_optimizers_cannot_read_sharded(tmp_path):
+    from mmvl.distributed.env import DistEnv
+    from mmvl.distributed.strategies.base import Strategy
+
+    class OwnFormat(torch.optim.SGD):  # e.g. ZeroRedundancyOptimizer, fairscale OSS
+        def state_dict(self):
+            return {}
+
+    model = torch.nn.Linear(2, 2)
+    strategy = Strategy(None, DistEnv())
+    assert strategy.can_load_sharded(torch.optim.AdamW(model.parameters()))
+    assert not strategy.can_load_sharded(OwnFormat(model.parameters(), lr=0.1))
+    with pytest.raises(UserError, match="is sharded.*cannot load it; resume it with .*fsdp"):
+        strategy.load_sharded_state(model, OwnFormat(model.parameters(), lr=0.1), str(tmp_path))

@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from mmvl import registry
 from mmvl.config import save_config
 from mmvl.utils.logger import setup_logging
-from mmvl.checkpoint import CheckpointManager, safe_load
+from mmvl.checkpoint import CheckpointManager
 from mmvl.build import build_callbacks, build_datasets, build_model, model_config
 from mmvl.data.predictions import write_predictions
 from mmvl.data.sample import DevicePrefetcher
@@ -27,6 +27,7 @@ from mmvl.errors import UserError
 from mmvl.losses import build_losses, compute_losses
 from mmvl.metrics import build_metrics, concat_for_metrics
 from mmvl.optim import build_optimizer, build_scheduler
+from mmvl.trainers.callbacks.checkpoint import resume
 from mmvl.utils.rng import get_rng_state, seed_all, set_rng_state
 
 log = logging.getLogger("mmvl")
@@ -77,30 +78,9 @@ class Trainer:
         self.checkpoints = CheckpointManager(str(config.env.save_dir),
                                              int(config.checkpoint.max_to_keep))
         self.callbacks = build_callbacks(config, self)
-        self._resume()
+        self.resumed_from = resume(self)  # the checkpoint (file or sharded directory) or None
         if self.env.is_main_process:  # only once everything was built: a failed start changes nothing
             save_config(config, os.path.join(str(config.env.save_dir), "config.yaml"))
-
-    def _resume(self) -> None:
-        """Load ``checkpoint.resume_file``, or ``last.ckpt`` when ``checkpoint.resume`` asks."""
-        ck = self.config.checkpoint
-        resume = str(ck.get("resume", False)).lower()
-        state, path = None, None
-        if ck.get("resume_file"):
-            path = str(ck.resume_file)
-            state = safe_load(path)
-        elif resume in ("true", "auto"):
-            found = self.checkpoints.load_latest(best=bool(ck.get("resume_best")))
-            if found is None and resume == "true":
-                raise UserError(
-                    f"checkpoint.resume=true but there is no checkpoint in "
-                    f"{self.checkpoints.directory}; run without checkpoint.resume, or point "
-                    "checkpoint.resume_file at a checkpoint.")
-            if found is not None:
-                state, path = found
-        if state is not None:
-            self.load_state_dict(state)
-            log.info("Resumed from %s at update %d", path, self.update)
 
     # -- data -----------------------------------------------------------------
     def _prepare_data(self) -> None:
@@ -236,8 +216,9 @@ class Trainer:
             getattr(callback, hook)(*args)
 
     # -- state ------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        state = self.engine.state_dict(self.model, self.optimizer, self.scheduler)
+    def state_dict(self, sharded: bool = False) -> dict[str, Any]:
+        """The checkpoint dict (a collective); ``sharded``: all but model and optimizer."""
+        state = self.engine.state_dict(self.model, self.optimizer, self.scheduler, sharded=sharded)
         state["trainer"] = {"update": self.update, "world_size": self.env.world_size}
         state["data"] = self.train_data.state_dict() if self.train_data is not None else {}
         state["rng"] = comm.all_gather_object(get_rng_state())
@@ -246,6 +227,7 @@ class Trainer:
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Load a checkpoint dict (model/optimizer only if present: a sharded one loads them first)."""
         self.engine.load_state_dict(state, self.model, self.optimizer, self.scheduler)
         self.update = int(state["trainer"]["update"])
         if self.train_data is not None and state.get("data"):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import warnings
 from typing import Any, Iterator
 
 import torch
@@ -113,15 +114,44 @@ class Strategy:
 
     @property
     def sharded_checkpoint(self) -> bool:
-        """True when each rank writes its own part of a checkpoint."""
+        """True when each rank writes its own part of a checkpoint (``save_sharded_state``)."""
         return False
 
     def save_sharded_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
-                           directory: str) -> None:
-        """Every rank writes its shard of model+optimizer state under ``directory``."""
+                           directory: str, extra: dict[str, Any] | None = None) -> None:
+        """Every rank writes its shard of model+optimizer state under ``directory``; rank 0 adds
+        ``extra`` (the rest of the checkpoint) and then the completion marker."""
         raise NotImplementedError(f"strategy {self.name!r} writes full checkpoints only")
+
+    def can_load_sharded(self, optimizer: torch.optim.Optimizer | None) -> bool:
+        """Whether :meth:`load_sharded_state` works here: DCP needs torch's own optimizer state
+        format, which the ZeRO optimizers (their own ``state_dict``) do not have."""
+        return optimizer is None or type(optimizer).state_dict is torch.optim.Optimizer.state_dict
 
     def load_sharded_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
                            directory: str) -> None:
-        """Every rank reads its shard back (any world size; re-sharded on load)."""
-        raise NotImplementedError(f"strategy {self.name!r} reads full checkpoints only")
+        """Every rank reads the parts it needs (DCP re-shards: any world size, FSDP or replicated).
+
+        A collective when a process group is up: call it on every rank.
+        """
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
+                                                             set_model_state_dict, set_optimizer_state_dict)
+
+        from mmvl.checkpoint import check_sharded_complete
+        from mmvl.errors import UserError
+
+        if not self.can_load_sharded(optimizer):
+            raise UserError(f"checkpoint {directory!r} is sharded (DCP) and distributed.strategy={self.name} "
+                            "cannot load it; resume it with distributed.strategy=fsdp, ddp or single.")
+        check_sharded_complete(directory)
+        module = self.unwrap(model)
+        state = {"model": get_model_state_dict(module)}
+        if optimizer is not None:
+            state["optimizer"] = get_optimizer_state_dict(module, optimizer)
+        with warnings.catch_warnings():  # one process without a group is intended here, not a mistake
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load(state, checkpoint_id=directory)
+        set_model_state_dict(module, state["model"])
+        if optimizer is not None:
+            set_optimizer_state_dict(module, optimizer, state["optimizer"])

@@ -172,36 +172,31 @@ class FSDPStrategy(Strategy):
             state["optimizer"] = get_optimizer_state_dict(model, optimizer)
         return state
 
-    def save_sharded_state(self, model, optimizer, directory: str) -> None:
-        """Every rank writes its part; rank 0 marks the directory complete only after all have.
+    def save_sharded_state(self, model, optimizer, directory: str,
+                           extra: dict[str, Any] | None = None) -> None:
+        """Every rank writes its part; rank 0 writes ``extra`` as ``state.ckpt`` and marks the directory
+        complete only after all parts are on disk.
 
         A run killed mid-save (any rank) leaves a directory without the marker, which
-        :meth:`load_sharded_state` refuses and ``CheckpointManager.latest_sharded`` skips.
+        :meth:`load_sharded_state` refuses and ``CheckpointManager.latest_sharded`` skips. A
+        failure on rank 0 is raised on every rank (no rank waits for it).
         """
         import torch.distributed.checkpoint as dcp
 
-        from mmvl.checkpoint import SHARDED_MARKER, mark_sharded_complete
+        from mmvl.checkpoint import SHARDED_MARKER, SHARDED_STATE, atomic_save, mark_sharded_complete, \
+            on_main_agreed
         from mmvl.distributed import comm
 
-        if self.env.rank == 0:  # re-saving into a directory: it is incomplete until the end
+        def prepare() -> None:  # re-saving into a directory: it is incomplete until the end
             os.makedirs(directory, exist_ok=True)
             Path(directory, SHARDED_MARKER).unlink(missing_ok=True)
-        comm.synchronize()
+
+        def finish() -> None:
+            if extra is not None:
+                atomic_save(extra, Path(directory, SHARDED_STATE))
+            mark_sharded_complete(directory, world_size=self.env.world_size)
+
+        on_main_agreed(prepare, f"prepare {directory}")
         dcp.save(self._sharded(model, optimizer), checkpoint_id=directory)
         comm.synchronize()  # every rank's part is on disk
-        if self.env.rank == 0:
-            mark_sharded_complete(directory, world_size=self.env.world_size)
-        comm.synchronize()
-
-    def load_sharded_state(self, model, optimizer, directory: str) -> None:
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
-
-        from mmvl.checkpoint import check_sharded_complete
-
-        check_sharded_complete(directory)
-        state = self._sharded(model, optimizer)
-        dcp.load(state, checkpoint_id=directory)
-        set_model_state_dict(model, state["model"])
-        if optimizer is not None:
-            set_optimizer_state_dict(model, optimizer, state["optimizer"])
+        on_main_agreed(finish, f"complete {directory}")
