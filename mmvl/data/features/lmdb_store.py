@@ -248,8 +248,11 @@ class _ValueMap:
             return  # a copy inherited through fork: this process reads through its own map
         with self.lock:
             self.live.pop(start, None)
-            if self._written(start, length):
-                self.mm.madvise(mmap.MADV_DONTNEED, start, length)  # back to the file's pages
+            try:
+                if self._written(start, length):
+                    self.mm.madvise(mmap.MADV_DONTNEED, start, length)  # back to the file's pages
+            except (OSError, ValueError):
+                pass  # interpreter exit: the pagemap fd or the map is already closed, nothing to restore
 
     def _written(self, start: int, length: int) -> bool:
         first, pages = (self.base + start) // mmap.PAGESIZE, -(-length // mmap.PAGESIZE)
