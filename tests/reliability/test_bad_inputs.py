@@ -85,6 +85,7 @@ ROWS = [
     Row("gradient accumulation 0", lambda c: ["training.gradient_accumulation=0"], "training.gradient_accumulation"),
     Row("bad precision", lambda c: ["training.precision=fp8"], "training.precision"),
     Row("bad strategy", lambda c: ["distributed.strategy=ddpp"], "distributed.strategy"),
+    Row("bad device", lambda c: ["training.device=tpu"], "training.device='tpu'"),
     Row("not key=value", lambda c: ["oops"], "'oops'"),
     Row("includes cycle", lambda c: [f"config={c.files / 'a.yaml'}"], "include cycle"),
     Row("missing config file", lambda c: [f"config={c.files / 'nope.yaml'}"], "nope.yaml"),
