@@ -32,7 +32,7 @@ import shutil
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 import torch
 
@@ -377,43 +377,6 @@ def check_sharded_complete(directory: str | os.PathLike) -> None:
     if problem is not None:
         raise UserError(f"sharded checkpoint {str(directory)!r} is incomplete: {problem}; "
                         "resume from an earlier checkpoint.")
-
-
-def on_main_agreed(fn: Callable[[], Any], what: str) -> Any:
-    """Run ``fn`` on rank 0 only and broadcast its result; when it fails, every rank raises.
-
-    The broadcast replaces a barrier, so the other ranks never wait on a rank 0 that
-    already gave up (a UserError stays a UserError on every rank).
-    """
-    from mmvl.distributed import comm
-
-    result, error, raised = None, None, None
-    if comm.get_rank() == 0:
-        try:
-            result = fn()
-        except Exception as e:  # noqa: BLE001 - reported to every rank, re-raised here
-            raised = e
-            user = isinstance(e, UserError)
-            error = (user, str(e) if user else f"{type(e).__name__}: {e}")
-    result, error = comm.broadcast_object((result, error))
-    if raised is not None:
-        raise raised
-    if error is not None:
-        user, text = error
-        raise UserError(text) if user else RuntimeError(f"rank 0 failed to {what}: {text}")
-    return result
-
-
-def all_ranks_agreed(error: str | None, what: str) -> None:
-    """Every rank passes its own problem (or None); if any rank has one, every rank raises it."""
-    from mmvl.distributed import comm
-
-    errors = comm.all_gather_object(error)
-    if error is not None and all(e == error for e in errors):
-        raise UserError(error)  # the same problem everywhere (or one process)
-    problems = [f"rank {r}: {e}" for r, e in enumerate(errors) if e]
-    if problems:
-        raise UserError(f"could not {what}: {'; '.join(problems)}")
 
 
 def apply_state_mapping(state: Mapping[str, Any], mapping: Mapping[str, str] | None) -> dict[str, Any]:

@@ -284,7 +284,7 @@ def test_prune_sharded_keeps_newest_complete(tmp_path):
 
 
 def test_agreement_helpers_in_one_process():
-    from mmvl.checkpoint import all_ranks_agreed, on_main_agreed
+    from mmvl.distributed.comm import all_ranks_agreed, on_main_agreed
 
     assert on_main_agreed(lambda: 3, "x") == 3
     with pytest.raises(UserError, match="^bad$"):

@@ -5,10 +5,12 @@ after the process-group timeout (``distributed.timeout_minutes``).
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 import torch.distributed as dist
+
+from mmvl.errors import UserError
 
 
 def is_initialized() -> bool:
@@ -162,3 +164,36 @@ def gather_for_metrics(data: Any, num_samples: int | None) -> Any:
         gathered = {k: _gather_one(data[k], num_samples) for k in sorted(data)}  # same order on every rank
         return {k: gathered[k] for k in data}
     return _gather_one(data, num_samples)
+
+
+def on_main_agreed(fn: Callable[[], Any], what: str) -> Any:
+    """Run ``fn`` on rank 0 only and broadcast its result; when it fails, every rank raises.
+
+    The broadcast replaces a barrier, so the other ranks never wait on a rank 0 that
+    already gave up (a UserError stays a UserError on every rank).
+    """
+    result, error, raised = None, None, None
+    if get_rank() == 0:
+        try:
+            result = fn()
+        except Exception as e:  # noqa: BLE001 - reported to every rank, re-raised here
+            raised = e
+            user = isinstance(e, UserError)
+            error = (user, str(e) if user else f"{type(e).__name__}: {e}")
+    result, error = broadcast_object((result, error))
+    if raised is not None:
+        raise raised
+    if error is not None:
+        user, text = error
+        raise UserError(text) if user else RuntimeError(f"rank 0 failed to {what}: {text}")
+    return result
+
+
+def all_ranks_agreed(error: str | None, what: str) -> None:
+    """Every rank passes its own problem (or None); if any rank has one, every rank raises it."""
+    errors = all_gather_object(error)
+    if error is not None and all(e == error for e in errors):
+        raise UserError(error)  # the same problem everywhere (or one process)
+    problems = [f"rank {r}: {e}" for r, e in enumerate(errors) if e]
+    if problems:
+        raise UserError(f"could not {what}: {'; '.join(problems)}")

@@ -183,9 +183,9 @@ class FSDPStrategy(Strategy):
         """
         import torch.distributed.checkpoint as dcp
 
-        from mmvl.checkpoint import SHARDED_MARKER, SHARDED_STATE, atomic_save, mark_sharded_complete, \
-            on_main_agreed
+        from mmvl.checkpoint import SHARDED_MARKER, SHARDED_STATE, atomic_save, mark_sharded_complete
         from mmvl.distributed import comm
+        from mmvl.distributed.comm import on_main_agreed
 
         def prepare() -> None:  # re-saving into a directory: it is incomplete until the end
             os.makedirs(directory, exist_ok=True)

@@ -12,8 +12,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from mmvl.checkpoint import (SHARDED_STATE, all_ranks_agreed, check_sharded_complete, on_main_agreed,
-                             safe_load)
+from mmvl.checkpoint import SHARDED_STATE, check_sharded_complete, safe_load
+from mmvl.distributed.comm import all_ranks_agreed, on_main_agreed
 from mmvl.errors import UserError
 from mmvl.registry import register_callback
 from mmvl.trainers.callbacks.base import Callback
