@@ -17,6 +17,9 @@ import torch.nn.functional as F
 from mmvl.errors import UserError
 from mmvl.registry import LOSSES, register_loss
 
+#: the label a masked-LM / token loss ignores (``torch.nn.functional.cross_entropy``'s default)
+IGNORE_INDEX = -100
+
 
 class Loss:
     """Base class: checks the tensors it needs exist and names the loss in errors."""

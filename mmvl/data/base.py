@@ -14,6 +14,7 @@ from omegaconf import DictConfig
 from torch.utils.data import Dataset
 
 from mmvl.data.sample import collate
+from mmvl.losses import IGNORE_INDEX
 
 
 class DatasetBuilder:
@@ -37,7 +38,7 @@ class DatasetBuilder:
         raise NotImplementedError
 
     #: padding per key where 0 would mean something: -100 is the label the masked-LM loss ignores
-    pad_values: Mapping[str, Any] = MappingProxyType({"lm_label_ids": -100})
+    pad_values: Mapping[str, Any] = MappingProxyType({"lm_label_ids": IGNORE_INDEX})
 
     def collate(self, items: list[dict[str, Any]]) -> dict[str, Any]:
         """Make a batch; the default pads variable-length tensors to the longest (``pad_values``, else 0)."""

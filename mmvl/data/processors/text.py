@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from mmvl.errors import UserError
+from mmvl.losses import IGNORE_INDEX
 from mmvl.registry import register_processor
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -70,8 +71,6 @@ def _bert_tokenizer(cls: type, vocab_file: Path, do_lower_case: bool):
     return cls(vocab=vocab, do_lower_case=do_lower_case)
 
 
-#: the label of a token the masked-LM loss ignores (``torch.nn.functional.cross_entropy``'s default)
-IGNORE_INDEX = -100
 
 
 def mask_tokens(input_ids: torch.Tensor, probability: float, rng: np.random.Generator, mask_id: int,

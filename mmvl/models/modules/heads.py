@@ -17,8 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mmvl.errors import UserError
-
-IGNORE_INDEX = -100
+from mmvl.losses import IGNORE_INDEX
 
 
 class MaskedLMHead(nn.Module):
