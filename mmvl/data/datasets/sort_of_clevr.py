@@ -46,6 +46,8 @@ TEMPLATES = [
     "what is the shape of the object furthest from the {} object?",
     "how many objects have the same shape as the {} object?",
 ]
+#: metric names of the question types (``accuracy/<name>``), in TEMPLATES order
+TYPE_NAMES = ["shape", "left", "top", "closest", "furthest", "count"]
 FAMILY_NAMES = ["non_relational", "relational"]
 GENERATOR_VERSION = 1
 SPLITS = ("train", "val", "test")
@@ -253,6 +255,11 @@ class SortOfClevrBuilder(DatasetBuilder):
             images = arrays["images"]
         return SortOfClevrDataset(images, questions, self.text_processor, self.mean, self.std)
 
+    def scenes(self, split: str) -> dict[str, np.ndarray]:
+        """``split``'s object centres (N x 6 x 2, (x, y) in pixels) and shapes (N x 6), e.g. for probes."""
+        with np.load(self._require(f"{split}.npz"), allow_pickle=False) as arrays:
+            return {"centers": arrays["centers"], "shapes": arrays["shapes"]}
+
     def model_info(self) -> dict[str, int]:
         """Values the model config leaves null: ``vocab_size`` and ``num_labels`` (no files needed)."""
         if self._processor is None and self._tokenizer_spec()[1].get("tokenizer_path") is None:
@@ -269,8 +276,15 @@ class SortOfClevrBuilder(DatasetBuilder):
         return {t: min(c, key=lambda a: (-c[a], a)) for t, c in counts.items() if c}
 
     def extra_metrics(self, split: str) -> dict[str, float]:
-        """``accuracy/prior``: answering each question type with its most frequent training answer."""
+        """What answering each question type with its most frequent training answer scores on ``split``.
+
+        ``accuracy/prior`` overall, ``accuracy/prior/<family>`` and ``accuracy/prior/<type>``: the
+        reference each ``accuracy/...`` metric must beat to show that the model read the image.
+        """
         prior = self.prior_answers()
-        questions = self.questions(split)
-        hits = sum(prior.get(q["type"]) == q["answer"] for q in questions)
-        return {"accuracy/prior": hits / max(1, len(questions))}
+        hits: dict[str, list[int]] = {"": [], **{f"/{n}": [] for n in FAMILY_NAMES + TYPE_NAMES}}
+        for q in self.questions(split):
+            hit = int(prior.get(q["type"]) == q["answer"])
+            for name in ("", f"/{FAMILY_NAMES[int(q['type'] >= 3)]}", f"/{TYPE_NAMES[q['type']]}"):
+                hits[name].append(hit)
+        return {f"accuracy/prior{name}": sum(h) / max(1, len(h)) for name, h in hits.items() if h or not name}

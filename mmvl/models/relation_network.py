@@ -1,0 +1,136 @@
+"""Relation Network (Santoro et al., 2017): the CNN + RN baseline for relational VQA.
+
+Every cell of a CNN's feature map, with its (x, y) coordinates appended, is an
+"object". Every ordered pair of objects, with the question's embedding (the
+last state of an LSTM over the words), goes through the MLP ``g``; the pair
+outputs are summed and the MLP ``f`` scores the answers:
+
+    scores = f( sum_{i,j} g([o_i; o_j; q]) )
+
+Nothing in it is specific to a task: the sum over all pairs is what lets it
+compare any two things in the image, which single-stream transformers have to
+discover through attention.
+
+Cost: an H x W map gives (HW)^2 pairs, each through every layer of ``g`` (a 5x5
+map: 625 pairs per question). ``g``'s first layer is linear in the
+concatenation, so it is computed as ``W_a o_i + W_b o_j + W_q q`` from per-cell
+and per-question products (HW + 1 instead of (HW)^2 matrix rows); the layers
+after it run on all pairs and set the cost (``g_hidden_sizes``).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from omegaconf import DictConfig
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from mmvl.errors import UserError
+from mmvl.models.base import BaseModel
+from mmvl.models.modules.bert import plain_config, require_num_labels
+from mmvl.models.modules.image_encoders import build_image_encoder
+from mmvl.models.modules.visual_tokens import require_image
+from mmvl.registry import register_model
+
+
+def cell_coordinates(h: int, w: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """``(h*w, 2)``: each cell's (x, y) in [-1, 1], row-major (the order of ``grid.flatten(2)``)."""
+    ys = torch.linspace(-1.0, 1.0, h, device=device, dtype=dtype)
+    xs = torch.linspace(-1.0, 1.0, w, device=device, dtype=dtype)
+    return torch.stack([xs.repeat(h), ys.repeat_interleave(w)], dim=-1)
+
+
+class PairwiseRelation(nn.Module):
+    """``sum_{i,j} g([o_i; o_j; q])`` over all ordered pairs (i = j included, as in the paper).
+
+    ``g``'s first layer is split into its three blocks (object i, object j, question) and
+    summed by broadcasting, which equals one linear layer on the concatenated pair.
+    """
+
+    def __init__(self, object_dim: int, question_dim: int, hidden_sizes: list[int]):
+        super().__init__()
+        if not hidden_sizes:
+            raise UserError("relation_network: g_hidden_sizes is empty; give at least one layer width.")
+        first = hidden_sizes[0]
+        self.left = nn.Linear(object_dim, first, bias=False)
+        self.right = nn.Linear(object_dim, first, bias=False)
+        self.question = nn.Linear(question_dim, first)
+        layers: list[nn.Module] = []
+        for prev, width in zip(hidden_sizes, hidden_sizes[1:]):
+            layers += [nn.Linear(prev, width), nn.ReLU(inplace=True)]
+        self.rest = nn.Sequential(*layers)
+        self.out_dim = hidden_sizes[-1]
+        self.checkpointing = False
+
+    def forward(self, objects: torch.Tensor, question: torch.Tensor) -> torch.Tensor:
+        """``objects`` B x N x D, ``question`` B x Q -> B x out_dim."""
+        if self.checkpointing and self.training and torch.is_grad_enabled():
+            return checkpoint(self._relate, objects, question, use_reentrant=False)
+        return self._relate(objects, question)
+
+    def _relate(self, objects: torch.Tensor, question: torch.Tensor) -> torch.Tensor:
+        pairs = (self.left(objects).unsqueeze(2) + self.right(objects).unsqueeze(1)
+                 + self.question(question)[:, None, None, :])  # B x N x N x H
+        return self.rest(torch.relu(pairs)).sum(dim=(1, 2))
+
+
+@register_model("relation_network")
+class RelationNetwork(BaseModel):
+    """CNN cells + coordinates -> all pairs with the question through g, summed -> f -> scores."""
+
+    config_path = "models/relation_network.yaml"
+
+    def __init__(self, config: DictConfig):
+        super().__init__(config)
+        cfg = plain_config(config)
+        num_labels = require_num_labels(cfg, "relation_network")
+        if cfg.get("vocab_size") is None:
+            raise UserError("relation_network: model_config.relation_network.vocab_size is null and no dataset "
+                            "filled it in; set it or use a dataset with a text processor.")
+        self.image_encoder = build_image_encoder(cfg.get("image_encoder") or {"type": "cnn"})
+        q = dict(cfg.get("question_encoder") or {})
+        word_dim, question_dim = int(q.get("word_dim", 32)), int(q.get("hidden_size", 128))
+        self.word_embeddings = nn.Embedding(int(cfg["vocab_size"]), word_dim, padding_idx=0)
+        self.question_lstm = nn.LSTM(word_dim, question_dim, batch_first=True)
+        self.relation = PairwiseRelation(int(self.image_encoder.out_dim) + 2, question_dim,
+                                         [int(w) for w in cfg.get("g_hidden_sizes") or [256, 256, 256, 256]])
+        f_sizes = [int(w) for w in cfg.get("f_hidden_sizes") or [256, 256]]
+        layers: list[nn.Module] = []
+        prev = self.relation.out_dim
+        for width in f_sizes:
+            layers += [nn.Linear(prev, width), nn.ReLU(inplace=True)]
+            prev = width
+        layers += [nn.Dropout(float(cfg.get("f_dropout", 0.5))), nn.Linear(prev, num_labels)]
+        self.f = nn.Sequential(*layers)
+
+    def encode_question(self, batch: dict[str, Any]) -> torch.Tensor:
+        """The LSTM state after the last real token (padding after it cannot change it)."""
+        ids = batch["input_ids"]
+        mask = batch.get("attention_mask")
+        outputs, _ = self.question_lstm(self.word_embeddings(ids))
+        if mask is None:
+            return outputs[:, -1]
+        last = (mask.long().sum(1) - 1).clamp(min=0)
+        return outputs.gather(1, last.view(-1, 1, 1).expand(-1, 1, outputs.shape[-1])).squeeze(1)
+
+    def objects(self, batch: dict[str, Any]) -> torch.Tensor:
+        """``B x HW x (C + 2)``: the feature-map cells with their coordinates appended."""
+        grid = self.image_encoder(require_image(batch, "relation_network"))
+        b, _, h, w = grid.shape
+        cells = grid.flatten(2).transpose(1, 2)
+        coords = cell_coordinates(h, w, cells.device, cells.dtype).expand(b, -1, -1)
+        return torch.cat([cells, coords], dim=-1)
+
+    def forward(self, batch: dict[str, Any]) -> dict[str, Any]:
+        question = self.encode_question(batch)
+        objects = self.objects(batch)
+        relation = self.relation(objects, question.to(objects.dtype))
+        return {"scores": self.f(relation)}
+
+    def enable_gradient_checkpointing(self) -> None:
+        self.image_encoder.enable_gradient_checkpointing()
+        self.relation.checkpointing = True
+
+    def shard_units(self) -> list[nn.Module]:
+        return [self.image_encoder, self.relation]

@@ -1,0 +1,121 @@
+"""relation_network: the pair sum equals g on every concatenated pair, coordinates follow the grid,
+batch and padding independence, checkpointing, user errors, and training through mmvl_run."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+from torch import nn
+
+from mmvl.errors import UserError
+from mmvl.models.relation_network import PairwiseRelation, RelationNetwork, cell_coordinates
+from mmvl.registry import MODELS
+
+TINY_YAML = Path(__file__).parent / "tiny" / "relation_network.yaml"
+TINY = {"vocab_size": 20, "num_labels": 5, "f_dropout": 0.0, "g_hidden_sizes": [16, 12], "f_hidden_sizes": [8],
+        "question_encoder": {"word_dim": 6, "hidden_size": 10},
+        "image_encoder": {"type": "cnn", "params": {"channels": [8, 8], "strides": [4, 4], "coords": False}}}
+
+
+def tiny(**overrides) -> RelationNetwork:
+    torch.manual_seed(0)
+    return RelationNetwork(OmegaConf.create({**TINY, **overrides}))
+
+
+def batch(n: int = 3) -> dict:
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(4, 20, (n, 7), generator=g)
+    mask = torch.ones_like(ids)
+    ids[0, 5:], mask[0, 5:] = 0, 0  # one padded question
+    return {"input_ids": ids, "attention_mask": mask, "image": torch.randn(n, 3, 32, 32, generator=g),
+            "targets": torch.tensor([0, 1, 2, 3][:n])}
+
+
+def test_registered_shapes_and_gradients():
+    assert MODELS.get("relation_network") is RelationNetwork
+    model = tiny()
+    out = model(batch())
+    assert out["scores"].shape == (3, 5)
+    nn.functional.cross_entropy(out["scores"], batch()["targets"]).backward()
+    for name in ("image_encoder.stages.0.0.weight", "word_embeddings.weight", "relation.left.weight",
+                 "relation.question.weight", "f.0.weight"):
+        assert model.get_parameter(name).grad.abs().sum() > 0, name  # every part reaches the loss
+
+
+def test_pair_sum_equals_g_on_every_concatenated_pair():
+    torch.manual_seed(0)
+    rel = PairwiseRelation(object_dim=4, question_dim=3, hidden_sizes=[6, 5])
+    objects, question = torch.randn(2, 5, 4), torch.randn(2, 3)
+    first = torch.cat([rel.left.weight, rel.right.weight, rel.question.weight], dim=1)  # one layer on [o_i; o_j; q]
+    expected = torch.zeros(2, 5)
+    for b in range(2):
+        for i in range(5):
+            for j in range(5):
+                pair = torch.cat([objects[b, i], objects[b, j], question[b]])
+                expected[b] += rel.rest(torch.relu(first @ pair + rel.question.bias))
+    torch.testing.assert_close(rel(objects, question), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_cell_coordinates_follow_the_flattened_grid():
+    coords = cell_coordinates(2, 3, torch.device("cpu"), torch.float32)
+    grid = torch.arange(6.0).view(1, 1, 2, 3)
+    assert grid.flatten(2)[0, 0, 4] == grid[0, 0, 1, 1]  # row-major: cell 4 is row 1, column 1
+    torch.testing.assert_close(coords[4], torch.tensor([0.0, 1.0]))  # x of the middle column, y of the last row
+    torch.testing.assert_close(coords[0], torch.tensor([-1.0, -1.0]))
+    torch.testing.assert_close(coords[5], torch.tensor([1.0, 1.0]))
+
+
+def test_objects_carry_their_cell_coordinates():
+    model = tiny()
+    objects = model.objects(batch())
+    assert objects.shape == (3, 4, 8 + 2)  # 32 px / 16 = 2 x 2 cells, 8 channels + (x, y)
+    torch.testing.assert_close(objects[1, :, -2:], cell_coordinates(2, 2, torch.device("cpu"), torch.float32))
+
+
+def test_batch_and_padding_independent():
+    model = tiny().eval()
+    b = batch()
+    full = model(b)["scores"]
+    single = model({k: v[1:2] for k, v in b.items()})["scores"]
+    torch.testing.assert_close(full[1:2], single, rtol=1e-4, atol=1e-5)
+    short = {k: (v[:1, :5] if k in ("input_ids", "attention_mask") else v[:1]) for k, v in b.items()}
+    torch.testing.assert_close(full[:1], model(short)["scores"], rtol=1e-4, atol=1e-5)  # padding is ignored
+
+
+def test_gradient_checkpointing_gives_the_same_gradients():
+    b = batch()
+    plain, ckpt = tiny().train(), tiny().train()
+    ckpt.enable_gradient_checkpointing()
+    recomputed = []
+    ckpt.relation.left.register_forward_pre_hook(lambda *_: recomputed.append(1))
+    for model in (plain, ckpt):
+        nn.functional.cross_entropy(model(b)["scores"], b["targets"]).backward()
+    assert len(recomputed) == 2  # the pairs ran again in backward
+    for (name, p), q in zip(plain.named_parameters(), ckpt.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=name)
+    assert [type(u) for u in ckpt.shard_units()] == [type(ckpt.image_encoder), PairwiseRelation]
+
+
+def test_user_errors():
+    with pytest.raises(UserError, match="vocab_size"):
+        tiny(vocab_size=None)
+    with pytest.raises(UserError, match="num_labels"):
+        tiny(num_labels=None)
+    with pytest.raises(UserError, match="g_hidden_sizes"):
+        PairwiseRelation(4, 3, [])
+    with pytest.raises(UserError, match="no 'image'"):
+        tiny()({k: v for k, v in batch().items() if k != "image"})
+
+
+def test_tiny_config_trains_through_mmvl_run(tmp_path):
+    from mmvl_cli.run import main
+
+    assert main([f"config={TINY_YAML}", f"env.save_dir={tmp_path}/save", f"env.data_dir={tmp_path}/data"]) == 0
+    events = [json.loads(line) for line in open(tmp_path / "save" / "metrics.jsonl")]
+    train = [e["total_loss"] for e in events if e["split"] == "train"]
+    assert len(train) == 2 and all(loss == loss for loss in train)
+    val = [e for e in events if e["split"] == "val"][-1]
+    assert {"accuracy/relational", "accuracy/count", "accuracy/prior/relational"} <= set(val)
