@@ -48,7 +48,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--module", action="append", help="sub-module[:last N tokens]; default by model")
     parser.add_argument("--fit", type=int, default=4000)
     parser.add_argument("--test", type=int, default=2000)
-    parser.add_argument("--l2", type=float, default=1e-3)
+    parser.add_argument("--l2", type=float, nargs="+", default=[1e-4, 1e-3, 1e-2, 1e-1, 1.0],
+                        help="ridge penalty; several: chosen on a fifth of the fit samples")
     args, overrides = parser.parse_known_args(argv)
 
     import mmvl  # noqa: F401  (registers everything)
@@ -76,7 +77,7 @@ def main(argv: list[str]) -> int:
         name, _, last = spec.partition(":")
         x_fit = collect_outputs(model, fit_loader, name, int(last) if last else None)
         x_test = collect_outputs(model, test_loader, name, int(last) if last else None)
-        result = probe_objects(x_fit, fit_scene, x_test, test_scene, size, args.l2)
+        result = probe_objects(x_fit, fit_scene, x_test, test_scene, size, args.l2 if len(args.l2) > 1 else args.l2[0])
         print(json.dumps({"run": str(save), "checkpoint": args.checkpoint, "module": spec,
                           "features": x_fit.shape[1], **{k: round(v, 4) for k, v in result.items()}}))
     return 0

@@ -14,7 +14,7 @@ a forward hook, so every registered model can be probed the same way
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -57,17 +57,35 @@ def scene_targets(centers: torch.Tensor, shapes: torch.Tensor, size: float) -> t
     return torch.cat([pos, shapes.double() * 2 - 1], dim=1)
 
 
+def choose_l2(x: torch.Tensor, y: torch.Tensor, candidates: float | Sequence[float]) -> float:
+    """The penalty with the smallest squared error on the last fifth of ``x``, fitted on the rest.
+
+    Thousands of token features against a few thousand samples overfit without a penalty,
+    and the right one depends on the features' scale; the test samples never choose it.
+    """
+    if isinstance(candidates, (int, float)):
+        return float(candidates)
+    cut = x.shape[0] * 4 // 5
+    errors = {float(l2): ((ridge_predict(x[cut:], *ridge_fit(x[:cut], y[:cut], float(l2))) - y[cut:].double()) ** 2
+                          ).sum().item() for l2 in candidates}
+    return min(errors, key=errors.get)
+
+
 def probe_objects(train_x: torch.Tensor, train_scene: Mapping[str, torch.Tensor], test_x: torch.Tensor,
-                  test_scene: Mapping[str, torch.Tensor], size: float, l2: float = 1e-3) -> dict[str, float]:
+                  test_scene: Mapping[str, torch.Tensor], size: float,
+                  l2: float | Sequence[float] = (1e-4, 1e-3, 1e-2, 1e-1, 1.0)) -> dict[str, float]:
     """Fit a linear read-out of every object's position and shape on ``train_*``, score it on ``test_*``.
 
     A scene is ``{"centers": N x K x 2, "shapes": N x K, "queried": N}`` (``queried``: the index
     of the object the sample's question names). Returns ``position/r2`` (mean over the 2K
     coordinates), ``position/rmse_px`` and ``shape/accuracy`` (sign of the read-out), each also
-    for the queried object and for the others (``.../queried``, ``.../others``).
+    for the queried object and for the others (``.../queried``, ``.../others``), and the ridge
+    penalty used (``l2``: a list of candidates is chosen from with :func:`choose_l2`).
     """
     k = train_scene["shapes"].shape[1]
-    weight, bias = ridge_fit(train_x, scene_targets(train_scene["centers"], train_scene["shapes"], size), l2)
+    train_y = scene_targets(train_scene["centers"], train_scene["shapes"], size)
+    l2 = choose_l2(train_x, train_y, l2)
+    weight, bias = ridge_fit(train_x, train_y, l2)
     pred = ridge_predict(test_x, weight, bias)
     target = scene_targets(test_scene["centers"], test_scene["shapes"], size)
     n = target.shape[0]
@@ -77,7 +95,7 @@ def probe_objects(train_x: torch.Tensor, train_scene: Mapping[str, torch.Tensor]
     queried = torch.nn.functional.one_hot(test_scene["queried"].long(), k).bool()
     out = {"position/r2": pos_r2.mean().item(),
            "position/rmse_px": pos_err.pow(2).sum(-1).mean().sqrt().item(),
-           "shape/accuracy": shape_hit.mean().item()}
+           "shape/accuracy": shape_hit.mean().item(), "l2": l2}
     for name, sel in (("queried", queried), ("others", ~queried)):
         out[f"position/rmse_px/{name}"] = pos_err.pow(2).sum(-1)[sel].mean().sqrt().item()
         out[f"shape/accuracy/{name}"] = shape_hit[sel].mean().item()

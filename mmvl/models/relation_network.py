@@ -44,14 +44,20 @@ def cell_coordinates(h: int, w: int, device: torch.device, dtype: torch.dtype) -
 class PairwiseRelation(nn.Module):
     """``sum_{i,j} g([o_i; o_j; q])`` over all ordered pairs (i = j included, as in the paper).
 
+    ``reduction: mean`` divides the sum by the number of pairs: the same function, but f's
+    input no longer grows with the map's size (625 pairs summed start f far from its init scale).
+
     ``g``'s first layer is split into its three blocks (object i, object j, question) and
     summed by broadcasting, which equals one linear layer on the concatenated pair.
     """
 
-    def __init__(self, object_dim: int, question_dim: int, hidden_sizes: list[int]):
+    def __init__(self, object_dim: int, question_dim: int, hidden_sizes: list[int], reduction: str = "sum"):
         super().__init__()
         if not hidden_sizes:
             raise UserError("relation_network: g_hidden_sizes is empty; give at least one layer width.")
+        if reduction not in ("sum", "mean"):
+            raise UserError(f"relation_network: pair_reduction={reduction!r}; use 'sum' (the paper) or 'mean'.")
+        self.reduction = reduction
         first = hidden_sizes[0]
         self.left = nn.Linear(object_dim, first, bias=False)
         self.right = nn.Linear(object_dim, first, bias=False)
@@ -72,7 +78,8 @@ class PairwiseRelation(nn.Module):
     def _relate(self, objects: torch.Tensor, question: torch.Tensor) -> torch.Tensor:
         pairs = (self.left(objects).unsqueeze(2) + self.right(objects).unsqueeze(1)
                  + self.question(question)[:, None, None, :])  # B x N x N x H
-        return self.rest(torch.relu(pairs)).sum(dim=(1, 2))
+        out = self.rest(torch.relu(pairs))
+        return out.sum(dim=(1, 2)) if self.reduction == "sum" else out.mean(dim=(1, 2))
 
 
 @register_model("relation_network")
@@ -94,7 +101,8 @@ class RelationNetwork(BaseModel):
         self.word_embeddings = nn.Embedding(int(cfg["vocab_size"]), word_dim, padding_idx=0)
         self.question_lstm = nn.LSTM(word_dim, question_dim, batch_first=True)
         self.relation = PairwiseRelation(int(self.image_encoder.out_dim) + 2, question_dim,
-                                         [int(w) for w in cfg.get("g_hidden_sizes") or [256, 256, 256, 256]])
+                                         [int(w) for w in cfg.get("g_hidden_sizes") or [256, 256, 256, 256]],
+                                         str(cfg.get("pair_reduction") or "sum"))
         f_sizes = [int(w) for w in cfg.get("f_hidden_sizes") or [256, 256]]
         layers: list[nn.Module] = []
         prev = self.relation.out_dim

@@ -63,7 +63,7 @@ def test_probe_reads_what_the_tokens_encode_and_nothing_else():
         return torch.cat([shape, nn.functional.one_hot(s["queried"], 6).float()], dim=1)
 
     gated = probe_objects(queried_only(train), train, queried_only(test), test, size=75)
-    assert gated["shape/accuracy/queried"] == 1.0 and gated["shape/accuracy/others"] < 0.6
+    assert gated["shape/accuracy/queried"] > 0.9 and gated["shape/accuracy/others"] < 0.6
     assert gated["position/r2"] < 0.05
 
 

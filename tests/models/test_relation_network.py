@@ -59,6 +59,17 @@ def test_pair_sum_equals_g_on_every_concatenated_pair():
     torch.testing.assert_close(rel(objects, question), expected, rtol=1e-5, atol=1e-5)
 
 
+def test_mean_reduction_is_the_sum_over_the_pair_count():
+    torch.manual_seed(0)
+    summed = PairwiseRelation(4, 3, [6, 5])
+    averaged = PairwiseRelation(4, 3, [6, 5], reduction="mean")
+    averaged.load_state_dict(summed.state_dict())
+    objects, question = torch.randn(2, 5, 4), torch.randn(2, 3)
+    torch.testing.assert_close(averaged(objects, question) * 25, summed(objects, question))
+    with pytest.raises(UserError, match="pair_reduction"):
+        PairwiseRelation(4, 3, [6], reduction="max")
+
+
 def test_cell_coordinates_follow_the_flattened_grid():
     coords = cell_coordinates(2, 3, torch.device("cpu"), torch.float32)
     grid = torch.arange(6.0).view(1, 1, 2, 3)
