@@ -18,6 +18,8 @@ ENCODERS = {
     "film_cnn": {"type": "film_cnn", "params": {"film_channels": 4, "channels": [8, 8, 16, 16]}},
     "film_every_layer": {"type": "film_cnn", "params": {"pixel_layer": False, "every_layer": True,
                                                         "channels": [8, 8, 16, 16]}},
+    "film_last_layer": {"type": "film_cnn", "params": {"pixel_layer": False, "film_layers": [3],
+                                                       "channels": [8, 8, 16, 16]}},
 }
 
 
@@ -71,7 +73,7 @@ def test_padding_does_not_change_scores():
     torch.testing.assert_close(model(b)["scores"][:1], model(short)["scores"], rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("kind", ["cnn", "film_every_layer"])
+@pytest.mark.parametrize("kind", ["cnn", "film_every_layer", "film_last_layer"])
 def test_gradient_checkpointing_gives_same_gradients(kind):
     b = batch()
     plain, ckpt = tiny(image_encoder=ENCODERS[kind]).train(), tiny(image_encoder=ENCODERS[kind]).train()
@@ -138,17 +140,35 @@ def test_minilm_init_equals_checkpoint():
         tiny(vocab_size=31, text_encoder={"pretrained_path": "minilm"})
 
 
-@pytest.mark.parametrize("kind", ["film_cnn", "film_every_layer"])
+@pytest.mark.parametrize("kind", ["film_cnn", "film_every_layer", "film_last_layer"])
 def test_film_cnn_depends_on_the_question(kind):
     model = tiny(image_encoder=ENCODERS[kind]).eval()
-    if kind == "film_every_layer":  # FiLM starts as the identity; give it something to modulate
-        for film in model.image_encoder.layer_films:
+    if kind != "film_cnn":  # FiLM starts as the identity; give it something to modulate
+        for film in model.image_encoder.layer_films.values():
             torch.nn.init.normal_(film.weight, std=0.5)
     b = batch()
     other = dict(b, input_ids=b["input_ids"].flip(1))
     grid_a = model._encode_image(b)
     grid_b = model._encode_image(other)
     assert not torch.allclose(grid_a, grid_b)  # same pixels, other words -> other visual tokens
+
+
+def test_film_layers_leave_the_other_layers_unconditioned():
+    model = tiny(image_encoder=ENCODERS["film_last_layer"]).eval()
+    assert list(model.image_encoder.layer_films) == ["3"]
+    for film in model.image_encoder.layer_films.values():
+        torch.nn.init.normal_(film.weight, std=0.5)
+    seen = []
+    model.image_encoder.stages[2].register_forward_hook(lambda _m, _i, out: seen.append(out))
+    b = batch()
+    final = [model._encode_image(b), model._encode_image(dict(b, input_ids=b["input_ids"].flip(1)))]
+    torch.testing.assert_close(seen[0], seen[1])  # layers 0-2 see only pixels
+    assert not torch.allclose(final[0], final[1])  # the last one hears the question
+    with pytest.raises(UserError, match="out of range"):
+        build_image_encoder({"type": "film_cnn", "params": {"cond_dim": 8, "pixel_layer": False, "film_layers": [4],
+                                                             "channels": [8, 8, 16, 16]}})
+    with pytest.raises(UserError, match="both set"):
+        build_image_encoder({"type": "film_cnn", "params": {"cond_dim": 8, "every_layer": True, "film_layers": [1]}})
 
 
 def test_pooled_and_visual_head_reads_every_visual_token():
