@@ -95,9 +95,12 @@ class RelationNetwork(BaseModel):
         if cfg.get("vocab_size") is None:
             raise UserError("relation_network: model_config.relation_network.vocab_size is null and no dataset "
                             "filled it in; set it or use a dataset with a text processor.")
-        self.image_encoder = build_image_encoder(cfg.get("image_encoder") or {"type": "cnn"})
         q = dict(cfg.get("question_encoder") or {})
         word_dim, question_dim = int(q.get("word_dim", 32)), int(q.get("hidden_size", 128))
+        encoder_spec = dict(cfg.get("image_encoder") or {"type": "cnn"})
+        if encoder_spec.get("type") == "film_cnn":  # conditioned on the question vector q
+            encoder_spec["params"] = {**dict(encoder_spec.get("params") or {}), "cond_dim": question_dim}
+        self.image_encoder = build_image_encoder(encoder_spec)
         self.word_embeddings = nn.Embedding(int(cfg["vocab_size"]), word_dim, padding_idx=0)
         self.question_lstm = nn.LSTM(word_dim, question_dim, batch_first=True)
         self.relation = PairwiseRelation(int(self.image_encoder.out_dim) + 2, question_dim,
@@ -122,9 +125,16 @@ class RelationNetwork(BaseModel):
         last = (mask.long().sum(1) - 1).clamp(min=0)
         return outputs.gather(1, last.view(-1, 1, 1).expand(-1, 1, outputs.shape[-1])).squeeze(1)
 
-    def objects(self, batch: dict[str, Any]) -> torch.Tensor:
-        """``B x HW x (C + 2)``: the feature-map cells with their coordinates appended."""
-        grid = self.image_encoder(require_image(batch, "relation_network"))
+    def objects(self, batch: dict[str, Any], question: torch.Tensor | None = None) -> torch.Tensor:
+        """``B x HW x (C + 2)``: the feature-map cells with their coordinates appended.
+
+        A question-conditioned encoder (``film_cnn``) also gets the question vector.
+        """
+        image = require_image(batch, "relation_network")
+        if getattr(self.image_encoder, "conditioned", False):
+            grid = self.image_encoder(image, self.encode_question(batch) if question is None else question)
+        else:
+            grid = self.image_encoder(image)
         b, _, h, w = grid.shape
         cells = grid.flatten(2).transpose(1, 2)
         coords = cell_coordinates(h, w, cells.device, cells.dtype).expand(b, -1, -1)
@@ -132,7 +142,7 @@ class RelationNetwork(BaseModel):
 
     def forward(self, batch: dict[str, Any]) -> dict[str, Any]:
         question = self.encode_question(batch)
-        objects = self.objects(batch)
+        objects = self.objects(batch, question)
         relation = self.relation(objects, question.to(objects.dtype))
         return {"scores": self.f(relation)}
 

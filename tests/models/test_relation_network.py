@@ -110,6 +110,18 @@ def test_gradient_checkpointing_gives_the_same_gradients():
     assert [type(u) for u in ckpt.shard_units()] == [type(ckpt.image_encoder), PairwiseRelation]
 
 
+def test_film_encoder_hears_the_question():
+    model = tiny(image_encoder={"type": "film_cnn", "params": {"pixel_layer": False, "film_layers": [1],
+                                                               "channels": [8, 8], "strides": [4, 4]}}).eval()
+    assert model.image_encoder.cond_norm.normalized_shape == (10,)  # the question vector's width
+    for film in model.image_encoder.layer_films.values():
+        torch.nn.init.normal_(film.weight, std=0.5)
+    b = batch()
+    other = dict(b, input_ids=b["input_ids"].flip(1))
+    assert not torch.allclose(model.objects(b), model.objects(other))  # same pixels, other question
+    torch.testing.assert_close(model.objects(b), model.objects(b, model.encode_question(b)))
+
+
 def test_user_errors():
     with pytest.raises(UserError, match="vocab_size"):
         tiny(vocab_size=None)
