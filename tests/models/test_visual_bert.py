@@ -8,7 +8,7 @@ from torch import nn
 
 from mmvl.errors import UserError
 from mmvl.models import VisualBert
-from mmvl.models.modules.image_encoders import build_image_encoder
+from mmvl.models.modules.image_encoders import add_coords, build_image_encoder
 from mmvl.registry import MODELS
 
 ENCODERS = {
@@ -20,6 +20,8 @@ ENCODERS = {
                                                         "channels": [8, 8, 16, 16]}},
     "film_last_layer": {"type": "film_cnn", "params": {"pixel_layer": False, "film_layers": [3],
                                                        "channels": [8, 8, 16, 16]}},
+    "film_two_views": {"type": "film_cnn", "params": {"pixel_layer": False, "every_layer": True,
+                                                      "unconditioned_view": True, "channels": [8, 8, 16, 16]}},
 }
 
 
@@ -73,7 +75,7 @@ def test_padding_does_not_change_scores():
     torch.testing.assert_close(model(b)["scores"][:1], model(short)["scores"], rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("kind", ["cnn", "film_every_layer", "film_last_layer"])
+@pytest.mark.parametrize("kind", ["cnn", "film_every_layer", "film_last_layer", "film_two_views"])
 def test_gradient_checkpointing_gives_same_gradients(kind):
     b = batch()
     plain, ckpt = tiny(image_encoder=ENCODERS[kind]).train(), tiny(image_encoder=ENCODERS[kind]).train()
@@ -140,7 +142,7 @@ def test_minilm_init_equals_checkpoint():
         tiny(vocab_size=31, text_encoder={"pretrained_path": "minilm"})
 
 
-@pytest.mark.parametrize("kind", ["film_cnn", "film_every_layer", "film_last_layer"])
+@pytest.mark.parametrize("kind", ["film_cnn", "film_every_layer", "film_last_layer", "film_two_views"])
 def test_film_cnn_depends_on_the_question(kind):
     model = tiny(image_encoder=ENCODERS[kind]).eval()
     if kind != "film_cnn":  # FiLM starts as the identity; give it something to modulate
@@ -169,6 +171,23 @@ def test_film_layers_leave_the_other_layers_unconditioned():
                                                              "channels": [8, 8, 16, 16]}})
     with pytest.raises(UserError, match="both set"):
         build_image_encoder({"type": "film_cnn", "params": {"cond_dim": 8, "every_layer": True, "film_layers": [1]}})
+
+
+def test_unconditioned_view_is_the_plain_encoder_beside_the_film_one():
+    model = tiny(image_encoder=ENCODERS["film_two_views"]).eval()
+    enc = model.image_encoder
+    assert enc.out_dim == 32
+    for film in enc.layer_films.values():
+        torch.nn.init.normal_(film.weight, std=0.5)
+    b = batch()
+    grid = model._encode_image(b)
+    other = model._encode_image(dict(b, input_ids=b["input_ids"].flip(1)))
+    plain = enc.run_stages(add_coords(b["image"]))  # the same filters, no question
+    torch.testing.assert_close(grid[:, :16], plain)
+    torch.testing.assert_close(other[:, :16], plain)
+    assert not torch.allclose(grid[:, 16:], other[:, 16:])
+    with pytest.raises(UserError, match="pixel_layer: false"):
+        build_image_encoder({"type": "film_cnn", "params": {"cond_dim": 8, "unconditioned_view": True}})
 
 
 def test_pooled_and_visual_head_reads_every_visual_token():

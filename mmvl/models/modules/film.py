@@ -32,6 +32,10 @@ class FiLMCNNEncoder(CNNEncoder):
     objects' shapes at chance, ``benchmarks/sort_of_clevr_probe.py``), and no question
     about *another* object's shape (closest, furthest, count) can be answered. FiLM on the
     last layer only highlights the named object while every object's shape survives.
+    ``unconditioned_view``: also run the same conv layers without FiLM and concatenate both
+    outputs per cell (``out_dim`` doubles, the cost too). The FiLM view marks the object the
+    question names; the plain view keeps every object's shape and position, computed by the
+    very filters the questions trained, so early FiLM's fast binding and a full scene coexist.
     ``forward(images, cond)`` with ``cond`` of shape ``(B, cond_dim)``; without
     ``cond`` the modulation is the identity.
     """
@@ -40,13 +44,18 @@ class FiLMCNNEncoder(CNNEncoder):
 
     def __init__(self, cond_dim: int, film_channels: int = 24, in_channels: int = 3,
                  pixel_layer: bool = True, every_layer: bool = False, film_layers: list[int] | None = None,
-                 **kwargs):
+                 unconditioned_view: bool = False, **kwargs):
         if every_layer and film_layers is not None:
             raise UserError("film_cnn: every_layer and film_layers are both set; every_layer FiLMs all conv layers, "
                             "film_layers only the listed ones: give one of them.")
         if not (pixel_layer or every_layer or film_layers):
             raise UserError("film_cnn: pixel_layer, every_layer and film_layers are all off; enable at least one.")
+        if unconditioned_view and pixel_layer:
+            raise UserError("film_cnn: unconditioned_view needs pixel_layer: false (the pixel FiLM layer would "
+                            "condition both views); FiLM the conv layers with every_layer or film_layers.")
         super().__init__(in_channels=film_channels if pixel_layer else in_channels, **kwargs)
+        self.unconditioned_view = bool(unconditioned_view)
+        self.out_dim = self.out_dim * (2 if unconditioned_view else 1)
         # normalised first: word embeddings start tiny (std 0.02), which would stall FiLM's gradient
         self.cond_norm = nn.LayerNorm(cond_dim, elementwise_affine=False)
         self.pixel = nn.Conv2d(in_channels, film_channels, 1) if pixel_layer else None
@@ -73,10 +82,21 @@ class FiLMCNNEncoder(CNNEncoder):
             x = torch.relu(x)
         x = add_coords(x) if self.coords else x
         if self.layer_films is None or c is None:
-            return self.run_stages(x)
+            plain = self.run_stages(x)
+            return torch.cat([plain, plain], dim=1) if self.unconditioned_view else plain
+        first = min(int(i) for i in self.layer_films)  # the layers before it are shared by both views
+        x = self._stages(x, 0, first, None)
+        conditioned = self._stages(x, first, len(self.stages), c)
+        if not self.unconditioned_view:
+            return conditioned
+        return torch.cat([self._stages(x, first, len(self.stages), None), conditioned], dim=1)
+
+    def _stages(self, x: torch.Tensor, start: int, stop: int, c: torch.Tensor | None) -> torch.Tensor:
+        """Conv layers ``start..stop-1``, FiLM-ed where configured when ``c`` is given."""
         ckpt = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
-        for i, stage in enumerate(self.stages):
-            film = self.layer_films[str(i)] if str(i) in self.layer_films else None
+        for i in range(start, stop):
+            stage = self.stages[i]
+            film = self.layer_films[str(i)] if c is not None and str(i) in self.layer_films else None
             if film is None:
                 x = checkpoint(stage, x, use_reentrant=False) if ckpt else stage(x)
             else:
