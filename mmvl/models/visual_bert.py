@@ -33,6 +33,7 @@ from mmvl.models.modules.visual_tokens import region_inputs, require_image
 from mmvl.registry import register_model
 
 HEAD_TYPES = ("classification", "pretraining")
+CLASSIFIER_INPUTS = ("pooled", "pooled_and_visual", "pooled_and_pools")
 
 
 @register_model("visual_bert")
@@ -60,12 +61,15 @@ class VisualBert(TextBertModel):
         # ``pooled``: VisualBERT's head on the pooled [CLS]. ``pooled_and_visual`` also reads
         # every visual token's final hidden state in grid order, so a position-specific answer
         # ("is it on the left?") need not squeeze through one attention-pooled vector.
+        # ``pooled_and_pools``: [CLS] with the mean and the max of the visual tokens' final states:
+        # one set of weights reads every position (the flattened grid learns each cell's weights
+        # from the ~1/25 of the samples whose object sits there), as FiLM's own classifier pools.
         self.classifier_input = str(cfg.get("classifier_input") or "pooled")
         self.image_encoder: nn.Module | None = None
         if self.feature_dim:
-            if self.classifier_input != "pooled":
+            if self.classifier_input == "pooled_and_visual":
                 raise UserError(f"visual_bert: classifier_input={self.classifier_input!r} needs a fixed image "
-                                "grid; with feature_dim set use classifier_input: pooled.")
+                                "grid; with feature_dim set use classifier_input: pooled or pooled_and_pools.")
             self.region_embeddings = RegionEmbeddings(self.feature_dim, hidden, bc.hidden_dropout_prob,
                                                       bc.layer_norm_eps, bc.initializer_range)
         else:
@@ -83,10 +87,10 @@ class VisualBert(TextBertModel):
             self.classifier = self._build_classifier(cfg, hidden, bc)
 
     def _build_classifier(self, cfg: dict[str, Any], hidden: int, bc: Any) -> nn.Module:
-        if self.classifier_input not in ("pooled", "pooled_and_visual"):
-            raise UserError(f"visual_bert: classifier_input={self.classifier_input!r}; use 'pooled' "
-                            "or 'pooled_and_visual'.")
-        head_in = hidden
+        if self.classifier_input not in CLASSIFIER_INPUTS:
+            raise UserError(f"visual_bert: classifier_input={self.classifier_input!r}; use one of "
+                            f"{', '.join(CLASSIFIER_INPUTS)}.")
+        head_in = 3 * hidden if self.classifier_input == "pooled_and_pools" else hidden
         if self.classifier_input == "pooled_and_visual":
             size = int(cfg.get("image_size") or 75)
             with torch.no_grad():
@@ -125,6 +129,8 @@ class VisualBert(TextBertModel):
                                 f"{self.num_visual_tokens} visual tokens but got {visual_out.shape[1]}; "
                                 "set model_config.visual_bert.image_size to the input image size.")
             pooled = torch.cat([pooled, visual_out.flatten(1)], dim=1)
+        elif self.classifier_input == "pooled_and_pools":
+            pooled = torch.cat([pooled, *masked_mean_max(hidden[:, text.shape[1]:], visual_mask)], dim=1)
         return {"scores": self.classifier(pooled)}
 
     def _visual_tokens(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -149,3 +155,11 @@ class VisualBert(TextBertModel):
         enable_bert_checkpointing(self.bert)
         if self.image_encoder is not None:
             self.image_encoder.enable_gradient_checkpointing()
+
+
+def masked_mean_max(tokens: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean and max over the real tokens (``mask`` 1) of ``tokens`` B x M x D -> two B x D."""
+    m = mask.to(tokens.dtype).unsqueeze(-1)
+    mean = (tokens * m).sum(1) / m.sum(1).clamp(min=1)
+    maxed = tokens.masked_fill(m == 0, torch.finfo(tokens.dtype).min).amax(1)
+    return mean, torch.where(m.sum(1) > 0, maxed, torch.zeros_like(maxed))  # no real token: zeros

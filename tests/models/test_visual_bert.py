@@ -190,6 +190,25 @@ def test_unconditioned_view_is_the_plain_encoder_beside_the_film_one():
         build_image_encoder({"type": "film_cnn", "params": {"cond_dim": 8, "unconditioned_view": True}})
 
 
+def test_pools_head_reads_the_mean_and_max_of_the_real_visual_tokens():
+    from mmvl.models.visual_bert import masked_mean_max
+
+    tokens = torch.tensor([[[1.0, -1.0], [3.0, -5.0], [100.0, 100.0]]])
+    mean, maxed = masked_mean_max(tokens, torch.tensor([[1, 1, 0]]))
+    torch.testing.assert_close(mean, torch.tensor([[2.0, -3.0]]))
+    torch.testing.assert_close(maxed, torch.tensor([[3.0, -1.0]]))  # the padded token is ignored
+    _, none = masked_mean_max(tokens, torch.zeros(1, 3, dtype=torch.long))
+    torch.testing.assert_close(none, torch.zeros(1, 2))
+    model = tiny(classifier_input="pooled_and_pools").eval()
+    assert model.classifier[1].in_features == 3 * 32
+    b = batch()
+    scores = model(b)["scores"]
+    assert scores.shape == (3, 7)
+    torch.testing.assert_close(model({k: v[1:2] for k, v in b.items()})["scores"], scores[1:2], rtol=1e-4, atol=1e-5)
+    regions = tiny(classifier_input="pooled_and_pools", feature_dim=6)  # no fixed grid needed
+    assert regions.classifier[1].in_features == 3 * 32
+
+
 def test_pooled_and_visual_head_reads_every_visual_token():
     model = tiny(classifier_input="pooled_and_visual", image_size=75).eval()
     assert model.num_visual_tokens == 25  # four stride-2 layers: 75 -> 5x5
