@@ -33,7 +33,10 @@ from mmvl.models.modules.visual_tokens import region_inputs, require_image
 from mmvl.registry import register_model
 
 HEAD_TYPES = ("classification", "pretraining")
-CLASSIFIER_INPUTS = ("pooled", "pooled_and_visual", "pooled_and_pools")
+#: what the classification head reads, concatenated: the pooled [CLS], the flattened grid of
+#: visual tokens, their mean, their max (final hidden states)
+CLASSIFIER_PARTS = ("pooled", "visual", "mean", "max")
+CLASSIFIER_ALIASES = {"pooled_and_visual": ["pooled", "visual"], "pooled_and_pools": ["pooled", "mean", "max"]}
 
 
 @register_model("visual_bert")
@@ -58,18 +61,19 @@ class VisualBert(TextBertModel):
         if self.head_type == "classification":
             require_num_labels(cfg, "visual_bert")
         self.feature_dim = int(cfg["feature_dim"]) if cfg.get("feature_dim") else None
-        # ``pooled``: VisualBERT's head on the pooled [CLS]. ``pooled_and_visual`` also reads
-        # every visual token's final hidden state in grid order, so a position-specific answer
-        # ("is it on the left?") need not squeeze through one attention-pooled vector.
-        # ``pooled_and_pools``: [CLS] with the mean and the max of the visual tokens' final states:
-        # one set of weights reads every position (the flattened grid learns each cell's weights
-        # from the ~1/25 of the samples whose object sits there), as FiLM's own classifier pools.
-        self.classifier_input = str(cfg.get("classifier_input") or "pooled")
+        # ``classifier_input``: a list of CLASSIFIER_PARTS (or one part, or an alias). ``pooled``:
+        # VisualBERT's head on the pooled [CLS]. ``visual`` reads every visual token's final state in
+        # grid order, so a position-specific answer ("is it on the left?") need not squeeze through
+        # one attention-pooled vector. ``mean`` / ``max`` pool the visual tokens: one set of weights
+        # reads every position (the flattened grid learns each cell's weights from the ~1/25 of the
+        # samples whose object sits there), as FiLM's own classifier pools.
+        self.classifier_parts = classifier_parts(cfg.get("classifier_input") or "pooled")
         self.image_encoder: nn.Module | None = None
         if self.feature_dim:
-            if self.classifier_input == "pooled_and_visual":
-                raise UserError(f"visual_bert: classifier_input={self.classifier_input!r} needs a fixed image "
-                                "grid; with feature_dim set use classifier_input: pooled or pooled_and_pools.")
+            if "visual" in self.classifier_parts:
+                raise UserError(f"visual_bert: classifier_input {self.classifier_parts} reads the flattened grid "
+                                "('visual'), which needs a fixed image grid; with feature_dim set use pooled, "
+                                "mean and max.")
             self.region_embeddings = RegionEmbeddings(self.feature_dim, hidden, bc.hidden_dropout_prob,
                                                       bc.layer_norm_eps, bc.initializer_range)
         else:
@@ -87,16 +91,13 @@ class VisualBert(TextBertModel):
             self.classifier = self._build_classifier(cfg, hidden, bc)
 
     def _build_classifier(self, cfg: dict[str, Any], hidden: int, bc: Any) -> nn.Module:
-        if self.classifier_input not in CLASSIFIER_INPUTS:
-            raise UserError(f"visual_bert: classifier_input={self.classifier_input!r}; use one of "
-                            f"{', '.join(CLASSIFIER_INPUTS)}.")
-        head_in = 3 * hidden if self.classifier_input == "pooled_and_pools" else hidden
-        if self.classifier_input == "pooled_and_visual":
+        head_in = hidden * len(self.classifier_parts)
+        if "visual" in self.classifier_parts:
             size = int(cfg.get("image_size") or 75)
             with torch.no_grad():
                 grid = self.image_encoder(torch.zeros(1, 3, size, size))
             self.num_visual_tokens = grid.shape[-2] * grid.shape[-1]
-            head_in = hidden * (1 + self.num_visual_tokens)
+            head_in += hidden * (self.num_visual_tokens - 1)
         classifier = nn.Sequential(
             nn.Dropout(float(cfg.get("classifier_dropout", bc.hidden_dropout_prob))),
             nn.Linear(head_in, hidden), nn.GELU(), nn.LayerNorm(hidden, eps=bc.layer_norm_eps),
@@ -122,16 +123,18 @@ class VisualBert(TextBertModel):
         if self.heads is not None:
             return self.heads(hidden[:, : text.shape[1]], pooled, batch,
                               self.bert.embeddings.word_embeddings.weight)
-        if self.classifier_input == "pooled_and_visual":
-            visual_out = hidden[:, text.shape[1]:]
-            if visual_out.shape[1] != self.num_visual_tokens:
-                raise UserError(f"visual_bert: classifier_input=pooled_and_visual was built for "
-                                f"{self.num_visual_tokens} visual tokens but got {visual_out.shape[1]}; "
-                                "set model_config.visual_bert.image_size to the input image size.")
-            pooled = torch.cat([pooled, visual_out.flatten(1)], dim=1)
-        elif self.classifier_input == "pooled_and_pools":
-            pooled = torch.cat([pooled, *masked_mean_max(hidden[:, text.shape[1]:], visual_mask)], dim=1)
-        return {"scores": self.classifier(pooled)}
+        visual_out = hidden[:, text.shape[1]:]
+        pools = masked_mean_max(visual_out, visual_mask) if {"mean", "max"} & set(self.classifier_parts) else (None, None)
+        parts = {"pooled": pooled, "mean": pools[0], "max": pools[1]}
+        features = [self._flat_grid(visual_out) if p == "visual" else parts[p] for p in self.classifier_parts]
+        return {"scores": self.classifier(torch.cat(features, dim=1))}
+
+    def _flat_grid(self, visual_out: torch.Tensor) -> torch.Tensor:
+        if visual_out.shape[1] != self.num_visual_tokens:
+            raise UserError(f"visual_bert: classifier_input 'visual' was built for {self.num_visual_tokens} visual "
+                            f"tokens but got {visual_out.shape[1]}; set model_config.visual_bert.image_size to the "
+                            "input image size.")
+        return visual_out.flatten(1)
 
     def _visual_tokens(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """``(tokens B x M x hidden, mask B x M)``: regions with their boxes, or every grid cell."""
@@ -155,6 +158,16 @@ class VisualBert(TextBertModel):
         enable_bert_checkpointing(self.bert)
         if self.image_encoder is not None:
             self.image_encoder.enable_gradient_checkpointing()
+
+
+def classifier_parts(value: Any) -> list[str]:
+    """``classifier_input`` (a part, an alias or a list of parts) -> the list of parts, checked."""
+    parts = CLASSIFIER_ALIASES.get(value, [value]) if isinstance(value, str) else [str(p) for p in value]
+    bad = [p for p in parts if p not in CLASSIFIER_PARTS]
+    if bad or not parts or len(set(parts)) != len(parts):
+        raise UserError(f"visual_bert: classifier_input={value!r}; give a list of distinct parts from "
+                        f"{', '.join(CLASSIFIER_PARTS)} (or {', '.join(CLASSIFIER_ALIASES)}).")
+    return parts
 
 
 def masked_mean_max(tokens: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

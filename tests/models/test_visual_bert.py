@@ -207,6 +207,14 @@ def test_pools_head_reads_the_mean_and_max_of_the_real_visual_tokens():
     torch.testing.assert_close(model({k: v[1:2] for k, v in b.items()})["scores"], scores[1:2], rtol=1e-4, atol=1e-5)
     regions = tiny(classifier_input="pooled_and_pools", feature_dim=6)  # no fixed grid needed
     assert regions.classifier[1].in_features == 3 * 32
+    everything = tiny(classifier_input=["pooled", "visual", "mean", "max"], image_size=75)
+    assert everything.classifier[1].in_features == (1 + 25 + 2) * 32
+    assert everything(b)["scores"].shape == (3, 7)
+    for bad in (["pooled", "pooled"], ["cls"], "visual_only"):
+        with pytest.raises(UserError, match="classifier_input"):
+            tiny(classifier_input=bad)
+    with pytest.raises(UserError, match="fixed image grid"):
+        tiny(classifier_input="pooled_and_visual", feature_dim=6)
 
 
 def test_pooled_and_visual_head_reads_every_visual_token():
