@@ -22,6 +22,7 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "distributed.backend": ("auto", "nccl", "gloo"),
     "optimizer.lr_scaling": ("none", "linear", "sqrt", None),
     "checkpoint.resume": (True, False, "auto"),
+    "training.tensorboard": (True, False, "auto"),
 }
 #: keys that must be positive integers (None allowed where listed)
 POSITIVE_INT: dict[str, bool] = {
