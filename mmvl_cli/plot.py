@@ -1,4 +1,4 @@
-"""``mmvl_plot SAVE_DIR [SAVE_DIR ...] [--metric DATASET/METRIC] [--out compare.png]``
+"""usage: mmvl_plot SAVE_DIR [SAVE_DIR ...] [--metric DATASET/METRIC] [--out compare.png]
 
 Draws several runs in one figure (smoothed train total_loss, and one validation metric
 with each run's best point) and prints, for every run, the best and last value of each
