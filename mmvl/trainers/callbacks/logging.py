@@ -1,8 +1,8 @@
 """Progress bar, a log line every ``log_interval``, and ``metrics.jsonl`` (rank 0 only).
 
 Every event carries ``wall_s``: the run's wall time so far (training and evaluation,
-summed over resumed segments, downtime excluded). Each train event is handed to the
-other callbacks through ``on_log`` (TensorBoard), so its collective runs once.
+summed over resumed segments, downtime excluded). Every event is handed to the
+callbacks' ``on_log`` (TensorBoard), so the train event's collective runs once.
 """
 from __future__ import annotations
 
@@ -41,11 +41,12 @@ class LoggingCallback(Callback):
         self.restart_clock = False
 
     def write(self, event: dict[str, Any]) -> None:
+        """Append ``event`` to metrics.jsonl (rank 0) and hand it to every callback's ``on_log``."""
         event["wall_s"] = round(self.wall_before + time.perf_counter() - self.wall_start, 3)
-        if not self.main:
-            return
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(event) + "\n")
+        if self.main:
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(event) + "\n")
+        self.trainer.call("on_log", event)
 
     def on_train_start(self) -> None:
         t = self.trainer
@@ -78,7 +79,6 @@ class LoggingCallback(Callback):
                  "s_per_update": round(elapsed / self.count, 4),
                  "peak_mem_mb": round(_peak_memory_mb(t.engine.device), 1)}
         self.write(event)
-        t.call("on_log", event)
         if self.main:
             if self.bar is not None:
                 self.bar.set_postfix(loss=f"{event['total_loss']:.4f}", refresh=False)
