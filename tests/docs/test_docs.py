@@ -45,6 +45,7 @@ _DEMO_MODEL = ["model_config.visual_bert.hidden_size=32", "model_config.visual_b
 TINY = {
     "demo": _DATA + _DEMO_MODEL + _SHORT,     # the demo config (visual_bert on Sort-of-CLEVR)
     "sort_of_clevr": _DATA + _SHORT,          # any model on a small generated Sort-of-CLEVR
+    "short": ["training.max_updates=20", "training.log_interval=10", "training.evaluation_interval=10"],
 }
 
 
