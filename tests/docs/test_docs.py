@@ -10,7 +10,8 @@ The convention (docs/README.md tells authors the same):
   output (stdout and stderr); ``...`` inside a line matches anything;
 - ``tiny=NAME`` puts :data:`TINY` [NAME] before the options of every ``load_config`` call
   the block makes (mmvl_run, mmvl_predict, torchrun workers, Python), so the page shows
-  the real command and CI runs it small; a key the page sets itself still wins;
+  the real command and CI runs it small; a key the page sets itself still wins, except
+  the options written ``!key=value``, which go after the page's;
 - ``slow``: only under ``pytest -m slow`` (it must not feed a block that is not slow);
 - any other block (``bash``, ``yaml``, ...) is shown, not run.
 """
@@ -34,7 +35,7 @@ BLOCK_TIMEOUT_S = 300
 
 _DATA = ["dataset_config.sort_of_clevr.num_images=64", "dataset_config.sort_of_clevr.num_val_images=8",
          "dataset_config.sort_of_clevr.num_test_images=8", "dataset_config.sort_of_clevr.questions_per_image=4"]
-_SHORT = ["training.batch_size=8", "training.max_updates=8", "training.log_interval=2",
+_SHORT = ["training.batch_size=8", "training.max_updates=8", "training.num_workers=0", "training.log_interval=2",
           "training.evaluation_interval=4", "training.checkpoint_interval=4",
           "scheduler.params.num_warmup_steps=2"]
 _DEMO_MODEL = ["model_config.visual_bert.hidden_size=32", "model_config.visual_bert.num_hidden_layers=1",
@@ -44,8 +45,8 @@ _DEMO_MODEL = ["model_config.visual_bert.hidden_size=32", "model_config.visual_b
 #: named tiny settings a block asks for with ``tiny=NAME``
 TINY = {
     "demo": _DATA + _DEMO_MODEL + _SHORT,     # the demo config (visual_bert on Sort-of-CLEVR)
-    "sort_of_clevr": _DATA + _SHORT,          # any model on a small generated Sort-of-CLEVR
-    "short": ["training.max_updates=20", "training.log_interval=10", "training.evaluation_interval=10"],
+    "sort_of_clevr": _DATA + _SHORT + ["!training.max_updates=8"],  # any model, small Sort-of-CLEVR
+    "short": ["!training.max_updates=20", "training.log_interval=10", "training.evaluation_interval=10"],
 }
 
 
@@ -81,7 +82,8 @@ def parse(path: Path) -> list[Block]:
 
 
 def pages() -> list[Path]:
-    return sorted(p for p in DOCS.glob("*.md"))
+    """The tutorials, and the README, whose snippets follow the same convention."""
+    return sorted(DOCS.glob("*.md")) + [ROOT / "README.md"]
 
 
 def _env(tiny: str | None) -> dict[str, str]:
@@ -138,9 +140,10 @@ def run_page(page: Path, work: Path, with_slow: bool) -> list[str]:
 def _params():
     params = []
     for page in pages():
-        params.append(pytest.param(page, False, id=page.stem))
+        name = page.stem if page.parent == DOCS else "repo-" + page.stem
+        params.append(pytest.param(page, False, id=name))
         if any(b.has("slow") for b in parse(page)):
-            params.append(pytest.param(page, True, id=f"{page.stem}-with-slow", marks=pytest.mark.slow))
+            params.append(pytest.param(page, True, id=f"{name}-with-slow", marks=pytest.mark.slow))
     return params
 
 
@@ -152,7 +155,7 @@ def test_page_runs(page, with_slow, tmp_path):
 def test_every_page_is_linked_and_has_code_that_runs():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     index = (DOCS / "README.md").read_text(encoding="utf-8")
-    for page in pages():
+    for page in DOCS.glob("*.md"):
         if page.name == "README.md":
             continue
         assert f"docs/{page.name}" in readme, f"README.md does not link docs/{page.name}"
@@ -163,18 +166,22 @@ def test_every_page_is_linked_and_has_code_that_runs():
 
 
 def test_harness_convention(tmp_path):
-    """The harness itself: file blocks, tiny options before the page's own, output matching, failures."""
+    """The harness itself: file blocks, tiny options around the page's own, output matching, failures."""
     page = tmp_path / "page.md"
+    t = "c.training"
     page.write_text("\n".join([
         "```python file=show.py", "from mmvl import load_config",
-        "c = load_config(['model=visual_bert', 'datasets=sort_of_clevr', 'training.max_updates=3'])",
-        "print('updates', c.training.max_updates, 'images', c.dataset_config.sort_of_clevr.num_images)", "```",
+        "c = load_config(['model=visual_bert', 'datasets=sort_of_clevr', 'training.max_updates=3',",
+        "                 'training.log_interval=3'])",
+        f"print('log', {t}.log_interval, 'updates', {t}.max_updates, 'images', "
+        "c.dataset_config.sort_of_clevr.num_images)", "```",
         "```bash run tiny=sort_of_clevr", "python show.py", "```",
-        "```text output", "updates 3 images ...", "```",
+        "```text output", "log 3 updates 8 images ...", "```",
         "```bash run slow", "exit 1", "```",
         "```bash", "exit 1", "```"]))
     outputs = run_page(page, tmp_path / "a", with_slow=False)
-    assert outputs == [outputs[0]] and "updates 3 images 64" in outputs[0]
+    # the page's log_interval wins over TINY's, TINY's forced max_updates over the page's
+    assert outputs == [outputs[0]] and "log 3 updates 8 images 64" in outputs[0]
     with pytest.raises(AssertionError, match="exited with 1"):
         run_page(page, tmp_path / "b", with_slow=True)
     page.write_text("```bash run\necho hello\n```\n```text output\ngoodbye\n```\n")

@@ -2,7 +2,8 @@
 
 With ``MMVL_DOCS_TINY`` (a JSON list of ``key=value``) set, ``mmvl.config.load_config``
 gets those options placed *before* the caller's own, so a tutorial's command runs as
-written but on tiny sizes, and any key the tutorial sets itself still wins. The patch is
+written but on tiny sizes, and any key the tutorial sets itself still wins; an option
+written ``!key=value`` goes *after* them and wins over the page. The patch is
 applied when ``mmvl.config.load`` is first imported (interpreters that never import mmvl
 pay nothing), in every process: mmvl_run, python blocks, torchrun's workers.
 """
@@ -34,7 +35,9 @@ class _TinyOptions:
 
             def load_config(opts=(), *args, **kwargs):
                 opts = opts.split() if isinstance(opts, str) else list(opts)
-                return original([*_TINY, *opts], *args, **kwargs)
+                before = [o for o in _TINY if not o.startswith("!")]
+                after = [o[1:] for o in _TINY if o.startswith("!")]
+                return original([*before, *opts, *after], *args, **kwargs)
 
             module.load_config = load_config
 
