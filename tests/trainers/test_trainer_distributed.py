@@ -20,7 +20,8 @@ def _opts(root: str, strategy: str, *extra: str) -> list[str]:
     return toy_opts(root, f"distributed.strategy={strategy}", "training.max_updates=20",
                     "training.gradient_accumulation=2", "training.clip_grad_norm=0.5",
                     "training.checkpoint_interval=10", "training.evaluation_interval=10",
-                    "checkpoint.resume=false", "optimizer.params.lr=0.02", *extra)
+                    "checkpoint.resume=false", "optimizer.params.lr=0.02",
+                    "training.tensorboard=true", "training.curves=true", *extra)
 
 
 def _runs(env, root: str, strategies: list[str]) -> None:

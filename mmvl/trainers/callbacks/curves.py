@@ -40,7 +40,8 @@ class CurvesCallback(Callback):
         self.drawn_size = size
 
     def on_evaluation_end(self, split: str, results: dict[str, dict[str, float]]) -> None:
-        self.draw()
+        if split == "val":  # the picture shows validation curves; a test evaluation adds none
+            self.draw()
 
     def on_train_end(self) -> None:
         self.draw()

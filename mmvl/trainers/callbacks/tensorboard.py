@@ -51,17 +51,19 @@ class TensorBoardCallback(Callback):
         self.writer: Any = None
         self.last_train: dict[str, float] = {}
 
-    def _writer(self) -> Any:
+    def _writer(self, purge_step: int | None = None) -> Any:
         """Opened on first use (and again after ``on_train_end`` for a test-split evaluation)."""
         if self.writer is None:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.writer = SummaryWriter(log_dir=self.dir)
+            self.writer = SummaryWriter(log_dir=self.dir, purge_step=purge_step)
         return self.writer
 
     def on_train_start(self) -> None:
         if not self.main:
             return
+        # a resumed run tells TensorBoard to drop what an earlier process logged past this update
+        self._writer(purge_step=self.trainer.update or None)
         text = OmegaConf.to_yaml(self.trainer.config, resolve=True)
         # four-space indentation makes TensorBoard's Markdown show it as a code block
         self._writer().add_text("config", "\n".join("    " + line for line in text.splitlines()),

@@ -13,7 +13,7 @@ register()
 
 
 def _opts(tmp_path, *extra):
-    return toy_opts(tmp_path, "training.tensorboard=false", *extra)
+    return toy_opts(tmp_path, "training.tensorboard=false", "training.curves=true", *extra)
 
 
 def test_drawn_at_each_evaluation(tmp_path, monkeypatch):

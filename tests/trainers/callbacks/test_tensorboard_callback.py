@@ -106,3 +106,23 @@ def test_auto_follows_the_package(monkeypatch, caplog):
 
 def test_default_is_auto():
     assert load_config(["model=toy_mlp", "datasets=toy"]).training.tensorboard == "auto"
+
+
+def test_a_resumed_run_replaces_the_abandoned_steps(tmp_path):
+    """Crash after the log at update 8, resume from the checkpoint at 6: TensorBoard keeps one value per
+    step (the resumed run purges what the first one logged past 6), as mmvl.runs does for metrics.jsonl."""
+    from mmvl.runs import Run
+
+    opts = ("training.tensorboard=true", "training.curves=false", "training.checkpoint_interval=6")
+    run(load_config(toy_opts(tmp_path, *opts, "training.max_updates=8")))
+    ckpts = tmp_path / "save" / "checkpoints"
+    for name in ("last.ckpt", "best.ckpt", "model_8.ckpt"):
+        (ckpts / name).unlink(missing_ok=True)
+    run(load_config(toy_opts(tmp_path, *opts, f"checkpoint.resume_file={ckpts / 'model_6.ckpt'}")))
+    acc = _accumulator(tmp_path / "save" / "tensorboard")
+    steps = {s.step: s.value for s in acc.Scalars("train/total_loss")}
+    assert sorted(steps) == [4, 8, 12] and len(acc.Scalars("train/total_loss")) == 3
+    kept = {e["update"]: e["total_loss"] for e in Run(tmp_path / "save").train}
+    assert steps == pytest.approx(kept, rel=1e-6)
+    events = [json.loads(line) for line in open(tmp_path / "save" / "metrics.jsonl")]
+    assert [e["update"] for e in events if e["split"] == "train"] == [4, 8, 8, 12]  # 8 was logged twice
