@@ -15,13 +15,17 @@ from typing import Any
 from mmvl.checkpoint import atomic_write
 from mmvl.runs import Run, resolve_metric
 
-#: the exponential moving average weight of the smoothed train curves
-SMOOTHING = 0.6
 _DPI = 80
 
 
-def smooth(values: list[float], weight: float = SMOOTHING) -> list[float]:
-    """Debiased exponential moving average (the first points are not pulled towards 0)."""
+def smooth(values: list[float], weight: float | None = None) -> list[float]:
+    """Debiased exponential moving average (the first points are not pulled towards 0).
+
+    ``weight`` None: spans about 5% of the points (none below 20 points), so a short
+    curve is not dragged behind its raw values and a long one is still readable.
+    """
+    if weight is None:
+        weight = max(0.0, 1.0 - 20.0 / len(values)) if values else 0.0
     out, avg = [], 0.0
     for i, v in enumerate(values, 1):
         avg = weight * avg + (1 - weight) * v
@@ -69,8 +73,9 @@ def _metric_curve(ax: Any, updates: list[int], values: list[float], label: str, 
         best = (min if minimize else max)(range(len(values)), key=lambda i: values[i])
         ax.plot([updates[best]], [values[best]], marker="*", markersize=12, color=color,
                 markeredgecolor="black", markeredgewidth=0.6, linestyle="none")
+        right = best > len(values) // 2  # keep the label inside the axes
         ax.annotate(f"{values[best]:.4g}", (updates[best], values[best]), textcoords="offset points",
-                    xytext=(4, 6), fontsize=7)
+                    xytext=(-6 if right else 6, 6), ha="right" if right else "left", fontsize=7)
 
 
 def _save(fig: Any, path: str | os.PathLike) -> Path:
@@ -80,7 +85,7 @@ def _save(fig: Any, path: str | os.PathLike) -> Path:
 def run_panels(run: Run) -> list[tuple[str, list[tuple[str, str]]]]:
     """The panels of ``curves.png``: (title, [(stream, key), ...])."""
     panels = []
-    losses = run.loss_keys()
+    losses = _drop_lone_total(run.loss_keys())
     if losses:
         panels.append(("train loss", [("train", k) for k in losses]))
     if any("lr" in e for e in run.train):
@@ -88,10 +93,19 @@ def run_panels(run: Run) -> list[tuple[str, list[tuple[str, str]]]]:
     for dataset, names in run.metrics("val").items():
         groups: dict[str, list[tuple[str, str]]] = {}
         for name in names:  # one panel for the losses, one per metric family (accuracy, accuracy/x, ...)
-            group = "loss" if name.endswith("loss") or name in losses else name.split("/", 1)[0]
+            group = "loss" if name.endswith("loss") or name in run.loss_keys() else name.split("/", 1)[0]
             groups.setdefault(group, []).append((f"val/{dataset}", name))
+        if "loss" in groups:
+            kept = _drop_lone_total([k for _, k in groups["loss"]])
+            groups["loss"] = [(f"val/{dataset}", k) for k in kept]
         panels.extend((f"val {dataset}: {group}", keys) for group, keys in groups.items())
     return panels
+
+
+def _drop_lone_total(losses: list[str]) -> list[str]:
+    """With a single loss, ``total_loss`` is the same curve: draw it once."""
+    parts = [k for k in losses if k != "total_loss"]
+    return parts if len(parts) == 1 and "total_loss" in losses else losses
 
 
 def draw_run(run: Run, path: str | os.PathLike) -> Path:

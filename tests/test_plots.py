@@ -10,20 +10,29 @@ from tests.test_runs import CONFIG, _train, _val, write_run
 
 
 def test_smooth_is_a_debiased_moving_average():
-    assert smooth([2.0, 2.0, 2.0]) == pytest.approx([2.0, 2.0, 2.0])
+    assert smooth([2.0, 2.0, 2.0], weight=0.6) == pytest.approx([2.0, 2.0, 2.0])
     out = smooth([0.0, 10.0], weight=0.5)
     assert out[0] == 0.0 and out[1] == pytest.approx(10.0 * 0.5 / 0.75)
+    assert smooth([1.0, 5.0, 2.0]) == [1.0, 5.0, 2.0]  # short curves are drawn as they are
+    long = smooth([float(i % 2) for i in range(400)])  # 5% span: the zig-zag flattens to ~0.5
+    assert max(long[100:]) - min(long[100:]) < 0.1
 
 
 def test_panels_group_losses_lr_and_metric_families(tmp_path):
     events = [_train(2, 1.0), _val(2, 0.5, 0.9, **{"accuracy/x": 0.4}), _train(4, 0.8), _val(4, 0.7, 0.7)]
     run = Run(write_run(tmp_path / "r", events, CONFIG))
-    assert run_panels(run) == [
-        ("train loss", [("train", "cross_entropy"), ("train", "total_loss")]),
+    assert run_panels(run) == [  # one loss: total_loss is the same curve, drawn once
+        ("train loss", [("train", "cross_entropy")]),
         ("learning rate", [("train", "lr")]),
-        ("val toy: loss", [("val/toy", "cross_entropy"), ("val/toy", "total_loss")]),
+        ("val toy: loss", [("val/toy", "cross_entropy")]),
         ("val toy: accuracy", [("val/toy", "accuracy"), ("val/toy", "accuracy/x")]),
     ]
+    two = [{**e, "mlm": 0.5} for e in events]
+    run = Run(write_run(tmp_path / "two", two, CONFIG))
+    assert run_panels(run)[0] == ("train loss", [("train", "cross_entropy"), ("train", "total_loss"),
+                                                 ("train", "mlm")])
+    assert run_panels(run)[2] == ("val toy: loss", [("val/toy", "cross_entropy"), ("val/toy", "total_loss"),
+                                                    ("val/toy", "mlm")])
 
 
 def test_draw_run_writes_a_png_atomically(tmp_path):
