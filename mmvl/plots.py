@@ -73,7 +73,7 @@ def _metric_curve(ax: Any, updates: list[int], values: list[float], label: str, 
         best = (min if minimize else max)(range(len(values)), key=lambda i: values[i])
         ax.plot([updates[best]], [values[best]], marker="*", markersize=12, color=color,
                 markeredgecolor="black", markeredgewidth=0.6, linestyle="none")
-        right = best > len(values) // 2  # keep the label inside the axes
+        right = best >= len(values) / 2  # keep the label inside the axes
         ax.annotate(f"{values[best]:.4g}", (updates[best], values[best]), textcoords="offset points",
                     xytext=(-6 if right else 6, 6), ha="right" if right else "left", fontsize=7)
 
