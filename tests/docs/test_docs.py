@@ -36,7 +36,7 @@ BLOCK_TIMEOUT_S = 300
 _DATA = ["dataset_config.sort_of_clevr.num_images=64", "dataset_config.sort_of_clevr.num_val_images=8",
          "dataset_config.sort_of_clevr.num_test_images=8", "dataset_config.sort_of_clevr.questions_per_image=4"]
 _SHORT = ["training.batch_size=8", "training.max_updates=8", "training.num_workers=0", "training.log_interval=2",
-          "training.evaluation_interval=4", "training.checkpoint_interval=4",
+          "training.evaluation_interval=8", "training.checkpoint_interval=4",
           "scheduler.params.num_warmup_steps=2"]
 _DEMO_MODEL = ["model_config.visual_bert.hidden_size=32", "model_config.visual_bert.num_hidden_layers=1",
                "model_config.visual_bert.num_attention_heads=2", "model_config.visual_bert.intermediate_size=64",
