@@ -1,14 +1,13 @@
-import contextlib
 from collections import namedtuple
 
 import pytest
 import torch
 from torch.utils.data import DataLoader
 
-import mmvl.data.sample as sample
 import mmvl.data.shm as shm
 from mmvl.data.loaders import TrainStream
 from mmvl.data.sample import DevicePrefetcher, batch_size_of, collate, to_device
+from tests.fixtures.fake_cuda import StreamRecorder
 
 
 def test_short_sequences_pad_to_the_longest_in_the_batch_not_a_fixed_max():
@@ -135,41 +134,8 @@ def test_prefetcher_state_is_of_consumed_batches_so_resume_skips_nothing():
         _same(a, b)
 
 
-class _Recorder:
-    """Stands in for torch.cuda's streams to check the order of copy, wait and hand-over."""
-
-    def __init__(self):
-        self.log, self.on_side = [], False
-        test = self
-
-        class Stream:
-            def __init__(self, device=None):
-                pass
-
-            def wait_stream(self, other):
-                test.log.append("wait")
-
-        self.Stream, self.compute = Stream, Stream()
-
-    @contextlib.contextmanager
-    def stream(self, s):
-        self.on_side = True
-        yield
-        self.on_side = False
-
-    def to_device(self, batch, device, non_blocking=True):
-        self.log.append(f"copy{batch['x'].item()}:{'side' if self.on_side else 'compute'}:"
-                        f"{'async' if non_blocking else 'sync'}")
-        return batch
-
-
 def test_cuda_path_copies_ahead_on_the_side_stream_and_waits_before_handing_over(monkeypatch):
-    rec = _Recorder()
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "Stream", rec.Stream)
-    monkeypatch.setattr(torch.cuda, "stream", rec.stream)
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: rec.compute)
-    monkeypatch.setattr(sample, "to_device", rec.to_device)
+    rec = StreamRecorder().install(monkeypatch)
     prefetcher = DevicePrefetcher([{"x": torch.tensor(i)} for i in range(3)], "cuda")
     it = iter(prefetcher)
     assert rec.log == ["copy0:side:async"]  # the first copy starts before any step
