@@ -18,6 +18,7 @@ Provenance = dict[str, str]
 CHOICES: dict[str, tuple[Any, ...]] = {
     "run_type": ("train", "val", "test", "train_val", "train_test"),
     "training.precision": ("fp32", "fp16", "bf16"),
+    "training.pin_memory": ("auto", True, False),
     "distributed.strategy": ("auto", "single", "dp", "ddp", "zero_fairscale", "zero_torch", "fsdp"),
     "distributed.backend": ("auto", "nccl", "gloo"),
     "optimizer.lr_scaling": ("none", "linear", "sqrt", None),
