@@ -256,3 +256,88 @@ def test_example_engine_loop_runs_under_python_and_torchrun():
     both = _torchrun(os.path.abspath(example))
     for out in (alone.stdout, both.stdout):
         assert float(out.split("train accuracy after 50 updates:")[1]) > 0.9, out
+
+
+# -- on a GPU (pytest -m cuda) ----------------------------------------------------------------------
+
+def _step(engine: Engine, model, opt, x, y, scale_loss: float = 1.0) -> torch.Tensor:
+    with engine.accumulate(model):
+        with engine.autocast():
+            out = model(x)
+        loss = torch.nn.functional.cross_entropy(out.float(), y)
+        engine.backward(loss * scale_loss)
+        opt.step()
+        opt.zero_grad()
+    return out
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("precision,dtype", [("fp16", torch.float16), ("bf16", torch.bfloat16)])
+def test_engine_trains_in_half_precision_on_cuda(precision, dtype):
+    engine = Engine(precision=precision, device="cuda")
+    assert engine.device.type == "cuda" and (engine.scaler is not None) is (precision == "fp16")
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model, opt = engine.prepare(model, opt)
+    x, y = engine.to_device(_data())
+    losses = []
+    for _ in range(40):
+        out = _step(engine, model, opt, x, y)
+        assert out.dtype == dtype and out.is_cuda
+        losses.append(torch.nn.functional.cross_entropy(out.float(), y).item())
+    assert losses[-1] < losses[0] * 0.7
+    assert all(p.dtype == torch.float32 for p in model.parameters())  # autocast: fp32 master weights
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("fused", [False, True])
+def test_fp16_grad_scaler_skips_an_update_with_inf_gradients(fused):
+    engine = Engine(precision="fp16", device="cuda")
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=fused)
+    model, opt = engine.prepare(model, opt)
+    x, y = engine.to_device(_data())
+    _step(engine, model, opt, x, y)
+    while opt.state_dict()["state"] == {}:  # the first steps may be skipped while the scale settles
+        _step(engine, model, opt, x, y)
+    scale = engine.scaler.get_scale()
+    params = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    moments = {k: v["exp_avg"].clone() for k, v in opt.state_dict()["state"].items()}
+    _step(engine, model, opt, x, y, scale_loss=float("inf"))
+    assert engine.scaler.get_scale() == scale * engine.scaler.get_backoff_factor()
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, params[k]), k
+    for k, v in opt.state_dict()["state"].items():
+        assert torch.equal(v["exp_avg"], moments[k]), k
+    _step(engine, model, opt, x, y)  # and training goes on
+    assert any(not torch.equal(v, params[k]) for k, v in model.state_dict().items())
+
+
+@pytest.mark.cuda
+def test_save_and_load_state_round_trip_on_cuda(tmp_path):
+    """Model, fused AdamW, grad scaler, schedule and every RNG (the GPU's too) come back on the GPU."""
+    engine = Engine(precision="fp16", device="cuda")
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
+    model, opt, sched = engine.prepare(model, opt, sched)
+    x, y = engine.to_device(_data())
+    for _ in range(4):
+        _step(engine, model, opt, x, y)
+        sched.step()
+    engine.save_state(str(tmp_path / "state.ckpt"))
+    expected_gpu, expected_cpu = torch.rand(5, device="cuda"), torch.rand(5)
+    saved = copy.deepcopy(model.state_dict())
+    saved_opt = copy.deepcopy(opt.state_dict())
+    scale, lr = engine.scaler.get_scale(), sched.get_last_lr()[0]
+    for _ in range(2):
+        _step(engine, model, opt, x, y)
+        sched.step()
+    engine.load_state(str(tmp_path / "state.ckpt"))
+    for k, v in model.state_dict().items():
+        assert v.is_cuda and torch.equal(v, saved[k]), k
+    for k, v in opt.state_dict()["state"].items():
+        for name, value in v.items():
+            assert value.device == saved_opt["state"][k][name].device and torch.equal(value, saved_opt["state"][k][name])
+    assert engine.scaler.get_scale() == scale and sched.get_last_lr()[0] == lr
+    assert torch.equal(torch.rand(5, device="cuda"), expected_gpu) and torch.equal(torch.rand(5), expected_cpu)

@@ -129,3 +129,36 @@ def test_replicas_compute_in_the_callers_autocast_dtype(accelerator_on_cpu, cls,
         assert [s[1:] for s in seen] == [(True, torch.float16, torch.float16)] * 2
     else:
         assert all(s[1:3] != (True, torch.float16) for s in seen)  # the defect, reproduced
+
+
+class _LossModel(torch.nn.Module):
+    """Returns its own loss (as the VisualBERT pretraining head does) and records its compute dtype."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8)
+        self.dtypes: list = []
+
+    def forward(self, x):
+        out = self.linear(x)
+        self.dtypes.append(out.dtype)
+        return {"scores": out, "losses": {"mse": out.float().pow(2).mean()}}
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="DataParallel needs at least 2 GPUs")
+def test_dp_on_gpus_from_cuda_1_in_bf16_with_model_losses():
+    from mmvl.engine import Engine
+
+    last = torch.cuda.device_count() - 1
+    engine = Engine(OmegaConf.create({"distributed": {"strategy": "dp"}}), precision="bf16", device=f"cuda:{last}")
+    model = engine.prepare(_LossModel())
+    assert isinstance(model, MMVLDataParallel) and model.device_ids[0] == last
+    recorded = model.module.dtypes  # replicas share the module's list
+    with engine.autocast():
+        output = model(torch.randn(4 * torch.cuda.device_count(), 8, device=engine.device))
+    losses = compute_losses([], {}, output)
+    assert losses["mse"].shape == () and losses["mse"].device == engine.device
+    assert len(recorded) == torch.cuda.device_count() and set(recorded) == {torch.bfloat16}
+    losses["mse"].backward()
+    assert model.module.linear.weight.grad.device == engine.device
