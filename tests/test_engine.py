@@ -26,11 +26,15 @@ def _data(n: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(n, 6, generator=g), torch.randint(0, 3, (n,), generator=g)
 
 
-def _train(engine: Engine, micro: int, updates: int, clip: float | None = None) -> torch.nn.Module:
+def _prepared(engine: Engine, **adam_w) -> tuple:
+    """The model and an AdamW prepared by ``engine``, and the data on its device."""
     model = _model()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    model, opt = engine.prepare(model, opt)
-    x, y = engine.to_device(_data())
+    model, opt = engine.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-2, **adam_w))
+    return (model, opt, *engine.to_device(_data()))
+
+
+def _train(engine: Engine, micro: int, updates: int, clip: float | None = None) -> torch.nn.Module:
+    model, opt, x, y = _prepared(engine)
     per = x.shape[0] // micro
     norms = []
     for _ in range(updates):
@@ -69,10 +73,7 @@ def test_accumulation_without_engine_boundary_differs():
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_engine_trains_on_its_default_device(precision):
     engine = Engine(precision=precision)
-    model = _model()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    model, opt = engine.prepare(model, opt)
-    x, y = engine.to_device(_data())
+    model, opt, x, y = _prepared(engine)
     losses = []
     for _ in range(30):
         with engine.accumulate(model), engine.autocast():
@@ -276,10 +277,7 @@ def _step(engine: Engine, model, opt, x, y, scale_loss: float = 1.0) -> torch.Te
 def test_engine_trains_in_half_precision_on_cuda(precision, dtype):
     engine = Engine(precision=precision, device="cuda")
     assert engine.device.type == "cuda" and (engine.scaler is not None) is (precision == "fp16")
-    model = _model()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    model, opt = engine.prepare(model, opt)
-    x, y = engine.to_device(_data())
+    model, opt, x, y = _prepared(engine)
     losses = []
     for _ in range(40):
         out = _step(engine, model, opt, x, y)
@@ -293,10 +291,7 @@ def test_engine_trains_in_half_precision_on_cuda(precision, dtype):
 @pytest.mark.parametrize("fused", [False, True])
 def test_fp16_grad_scaler_skips_an_update_with_inf_gradients(fused):
     engine = Engine(precision="fp16", device="cuda")
-    model = _model()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=fused)
-    model, opt = engine.prepare(model, opt)
-    x, y = engine.to_device(_data())
+    model, opt, x, y = _prepared(engine, fused=fused)
     _step(engine, model, opt, x, y)
     while opt.state_dict()["state"] == {}:  # the first steps may be skipped while the scale settles
         _step(engine, model, opt, x, y)
