@@ -106,7 +106,7 @@ class Engine:
 
     def __init__(self, config: DictConfig | None = None, *, env: DistEnv | None = None,
                  precision: str | None = None, gradient_accumulation: int | None = None,
-                 strategy: str | Strategy | None = None, device: str | None = None,
+                 strategy: str | Strategy | None = None, device: str | torch.device | None = None,
                  prefetch: bool | None = None):
         """``device``: ``auto`` (CUDA when present), ``cpu``, ``cuda`` or ``cuda:N`` (one process),
         as ``training.device``; ``prefetch``: as ``training.prefetch`` (default true)."""
