@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import copy
 import os
-import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from mmvl.config.access import ABSENT, lookup
 from mmvl.config.components import component_yaml, import_builtins, import_user_dir
 from mmvl.config.files import load_with_includes, read_yaml
 from mmvl.config.opts import normalize_datasets, parse_opts
@@ -102,21 +102,9 @@ def _nest(key: str, value: Any) -> dict[str, Any]:
     return tree
 
 
-_ABSENT = object()
-
-
-def _lookup(tree: Mapping[str, Any], path: str) -> Any:
-    node: Any = tree
-    for part in path.split("."):
-        if not isinstance(node, Mapping) or part not in node:
-            return _ABSENT
-        node = node[part]
-    return node
-
-
 def _source_of(path: str, layers: list[tuple[str, dict[str, Any]]]) -> str:
     for source, layer in reversed(layers):
-        if _lookup(layer, path) is not _ABSENT:
+        if lookup(layer, path) is not ABSENT:
             return source
     return "defaults"
 
@@ -124,8 +112,8 @@ def _source_of(path: str, layers: list[tuple[str, dict[str, Any]]]) -> str:
 def _choose(path: str, layers: list[tuple[str, dict[str, Any]]]) -> Any:
     """The value of ``path`` from the last layer that sets it, interpolations resolved."""
     for source, layer in reversed(layers):
-        value = _lookup(layer, path)
-        if value is _ABSENT:
+        value = lookup(layer, path)
+        if value is ABSENT:
             continue
         if not is_interpolation(value):
             return value
@@ -189,27 +177,10 @@ def _first_line(err: BaseException) -> str:
 
 
 def save_config(cfg: DictConfig | Mapping[str, Any], path: str | os.PathLike[str]) -> Path:
-    """Write ``cfg`` as plain, resolved YAML atomically (tmp file + fsync + rename)."""
+    """Write ``cfg`` as plain, resolved YAML atomically (through the one atomic writer)."""
+    from mmvl.checkpoint import atomic_write  # torch: only when a run writes its config
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     text = OmegaConf.to_yaml(cfg if isinstance(cfg, DictConfig) else OmegaConf.create(dict(cfg)), resolve=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    try:  # make the rename itself durable
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-    except OSError:
-        pass
-    return path
+    return atomic_write(path, "w", lambda f: f.write(text))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 from typing import Any, Callable
 
+from mmvl.config.access import config_value
 from mmvl.errors import UserError
 
 #: where each leaf key was last set (dotted key -> file path or "command line")
@@ -223,19 +224,10 @@ _SPECIAL: dict[str, Callable[[str, Any, str], None]] = {
 }
 
 
-def _get(tree: dict[str, Any], path: str) -> Any:
-    node: Any = tree
-    for part in path.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return None
-        node = node[part]
-    return node
-
-
 def check_final(cfg: dict[str, Any], provenance: Provenance) -> None:
     """Checks on the merged, resolved config (values from YAMLs or interpolations)."""
     for path, check in _SPECIAL.items():
-        check(path, _get(cfg, path), provenance.get(path, "the merged config"))
+        check(path, config_value(cfg, path), provenance.get(path, "the merged config"))
     training = cfg.get("training", {})
     if training.get("max_updates") is None and training.get("max_epochs") is None:
         raise UserError(

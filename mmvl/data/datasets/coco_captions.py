@@ -24,11 +24,12 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from mmvl.data.datasets._common import (FileDatasetBuilder, ImageLoading, accepts, field_list, load_json,
+from mmvl.data.datasets._common import (FileDatasetBuilder, ImageLoading, field_list, load_json,
                                         require_fields)
 from mmvl.data.processors import image as _image  # noqa: F401  (registers torchvision_transforms)
 from mmvl.data.processors import text as _text  # noqa: F401  (registers bert_tokenizer)
 from mmvl.data.processors import vocab as _vocab  # noqa: F401  (registers vocab)
+from mmvl.config.components import accepts
 from mmvl.errors import UserError
 from mmvl.registry import PROCESSORS, register_dataset
 

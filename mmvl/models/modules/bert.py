@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
+from mmvl.config.access import plain_dict as plain_config  # models read their config through it
 from mmvl.errors import UserError
 from mmvl.models.base import BaseModel
 
@@ -22,13 +22,6 @@ from mmvl.models.base import BaseModel
 BERT_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
              "hidden_dropout_prob", "attention_probs_dropout_prob", "vocab_size", "max_position_embeddings",
              "initializer_range")
-
-
-def plain_config(config: Any) -> dict[str, Any]:
-    """``model_config.<model>`` as a plain dict (models read it once, at construction)."""
-    if isinstance(config, DictConfig):
-        return OmegaConf.to_container(config, resolve=True)  # type: ignore[return-value]
-    return dict(config or {})
 
 
 def checkpoint_dir(path: str, model: str) -> Path:
