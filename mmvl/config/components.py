@@ -21,11 +21,15 @@ from mmvl.errors import UserError, did_you_mean
 if TYPE_CHECKING:
     from mmvl.registry import Registry
 
-_BUILTIN_PACKAGES = {"model": "mmvl.models", "dataset": "mmvl.data.datasets"}
+#: registry kind -> the package whose import registers its built-ins
+_BUILTIN_PACKAGES = {"model": "mmvl.models", "dataset": "mmvl.data.datasets", "processor": "mmvl.data.processors",
+                     "loss": "mmvl.losses", "metric": "mmvl.metrics", "optimizer": "mmvl.optim",
+                     "scheduler": "mmvl.optim", "trainer": "mmvl.trainers", "callback": "mmvl.trainers.callbacks",
+                     "strategy": "mmvl.distributed.strategies"}
 
 
 def import_builtins(kind: str) -> None:
-    """Import the package that registers the built-in models or datasets.
+    """Import the package that registers the built-in components of ``kind`` (a registry kind).
 
     Only a missing package itself is tolerated; errors inside it propagate.
     """

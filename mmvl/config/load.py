@@ -20,7 +20,8 @@ from mmvl.config.components import component_yaml, import_builtins, import_user_
 from mmvl.config.files import load_with_includes, read_yaml
 from mmvl.config.opts import normalize_datasets, parse_opts
 from mmvl.config.resolvers import register_resolvers
-from mmvl.config.validate import Provenance, apply_aliases, check_final, check_layer, is_interpolation
+from mmvl.config.validate import (Provenance, apply_aliases, check_final, check_layer, is_interpolation,
+                                  registered_kinds)
 from mmvl.errors import UserError
 
 CLI = "command line"
@@ -39,19 +40,9 @@ def load_config(
     """Parse ``opts`` (``config=``, ``model=``, ``datasets=``, ``key=value``) into a resolved config."""
     register_resolvers()
     root = _config_root(config_root)
-    parsed = parse_opts(opts)
-    defaults_path = root / "defaults.yaml"
-    defaults = read_yaml(defaults_path, "Defaults file")
+    defaults_path, defaults, user, cli = _read_layers(opts, root)
     provenance: Provenance = {}
     check_layer(defaults, defaults, str(defaults_path), provenance)  # records sources only
-
-    user: list[tuple[str, dict[str, Any]]] = []
-    for file in parsed.config_files:
-        for path, content in load_with_includes(file):
-            if "datasets" in content:
-                content["datasets"] = normalize_datasets(content["datasets"], str(path))
-            user.append((str(path), content))
-    cli = [(CLI, _nest(key, value)) for key, value in parsed.overrides]
     chosen = [(str(defaults_path), defaults), *user, *cli]
 
     model = _choose("model", chosen)
@@ -62,10 +53,9 @@ def load_config(
     if model is not None and not isinstance(model, str):
         raise UserError(f"'model' must be a registered model name, got {model!r}.")
 
-    if model:
-        import_builtins("model")
-    if datasets:
-        import_builtins("dataset")
+    # built-ins first, so a user registration that reuses a built-in name fails on the user's side
+    for kind in ("model",) * bool(model) + ("dataset",) * bool(datasets) + registered_kinds():
+        import_builtins(kind)
     if user_dir:
         import_user_dir(user_dir, _source_of("env.user_dir", chosen))
 
@@ -79,6 +69,39 @@ def load_config(
     for source, layer in [*user, *cli]:
         _deep_merge(merged, check_layer(layer, base, source, provenance))
     return _finish(merged, provenance)
+
+
+def import_registrations(opts: Iterable[str] = (), config_root: str | os.PathLike[str] | None = None) -> None:
+    """Import every registry's built-ins, then the ``env.user_dir`` that ``opts`` choose
+    (``mmvl_run --list ... env.user_dir=...``); the registries then hold what a run could use."""
+    from mmvl import registry
+
+    register_resolvers()
+    defaults_path, defaults, user, cli = _read_layers(opts, _config_root(config_root))
+    for kind in registry.ALL:
+        import_builtins(kind)
+    chosen = [(str(defaults_path), defaults), *user, *cli]
+    user_dir = _choose("env.user_dir", chosen)
+    if user_dir:
+        import_user_dir(user_dir, _source_of("env.user_dir", chosen))
+
+
+Layers = list[tuple[str, dict[str, Any]]]
+
+
+def _read_layers(opts: Iterable[str], root: Path) -> tuple[Path, dict[str, Any], Layers, Layers]:
+    """``(defaults file, defaults, user file layers, command-line layers)``, as written."""
+    parsed = parse_opts(opts)
+    defaults_path = root / "defaults.yaml"
+    defaults = read_yaml(defaults_path, "Defaults file")
+    user: Layers = []
+    for file in parsed.config_files:
+        for path, content in load_with_includes(file):
+            if "datasets" in content:
+                content["datasets"] = normalize_datasets(content["datasets"], str(path))
+            user.append((str(path), content))
+    cli = [(CLI, _nest(key, value)) for key, value in parsed.overrides]
+    return defaults_path, defaults, user, cli
 
 
 def _config_root(root: str | os.PathLike[str] | None) -> Path:

@@ -21,7 +21,8 @@ from mmvl.utils.rng import seed_everything
 
 log = logging.getLogger(__name__)
 
-BACKENDS = ("auto", "nccl", "gloo", "mpi")
+#: ``distributed.backend`` values (validation lists them from here)
+BACKENDS = ("auto", "nccl", "gloo")
 NCCL_KNOBS = {"nsocks_perthread": "NCCL_NSOCKS_PERTHREAD", "socket_nthreads": "NCCL_SOCKET_NTHREADS"}
 DEFAULT_TIMEOUT_MINUTES = 30.0
 

@@ -70,6 +70,7 @@ class FSDPStrategy(Strategy):
     name = "fsdp"
     needs_process_group = True
     handles_gradient_checkpointing = True
+    shards_optimizer_state = True
 
     def wrap(self, model, optimizer):
         from torch.distributed.device_mesh import init_device_mesh
