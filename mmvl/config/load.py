@@ -15,6 +15,7 @@ from typing import Any, Iterable, Mapping
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from mmvl.config import mmf
 from mmvl.config.access import ABSENT, lookup
 from mmvl.config.components import component_yaml, import_builtins, import_user_dir
 from mmvl.config.files import load_with_includes, read_yaml
@@ -66,8 +67,11 @@ def load_config(
         _add_component(base, "dataset", name, root, provenance)
 
     merged = copy.deepcopy(base)
+    ignored: list[tuple[str, str]] = []  # MMF keys mmvl does not use, with their sources
     for source, layer in [*user, *cli]:
+        layer = mmf.translate(layer, base, source, ignored)
         _deep_merge(merged, check_layer(layer, base, source, provenance))
+    mmf.warn_unused(ignored)
     return _finish(merged, provenance)
 
 
@@ -96,7 +100,7 @@ def _read_layers(opts: Iterable[str], root: Path) -> tuple[Path, dict[str, Any],
     defaults = read_yaml(defaults_path, "Defaults file")
     user: Layers = []
     for file in parsed.config_files:
-        for path, content in load_with_includes(file):
+        for path, content in load_with_includes(file, root):
             if "datasets" in content:
                 content["datasets"] = normalize_datasets(content["datasets"], str(path))
             user.append((str(path), content))
@@ -152,7 +156,7 @@ def _add_component(base: dict[str, Any], kind: str, name: str, root: Path, prove
     section = f"{kind}_config"
     path = component_yaml(kind, name, root)
     if path is not None:
-        for file, content in load_with_includes(path):
+        for file, content in load_with_includes(path, root):
             _deep_merge(base, check_layer(content, base, str(file), provenance, free_roots=(section,)))
     base.setdefault(section, {})
     if not isinstance(base[section].get(name), dict):

@@ -244,7 +244,7 @@ def _check_registered(path: str, value: Any, source: str) -> None:
         return
     allowed = (*extra, *reg.names())
     fallback = " (or any torch.optim class by name)" if kind == "optimizer" else ""
-    raise UserError(f"Config key {path!r} in {source} must be one of {_names(allowed)}{fallback}; got "
+    raise UserError(f"Config key {path!r} in {source} must be one of {_names(allowed)}{fallback}; got {kind} "
                     f"{value!r}.{did_you_mean(str(value), reg.names())} Register your own with "
                     f"@registry.register_{kind}(name) in a module under env.user_dir.")
 

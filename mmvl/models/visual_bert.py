@@ -33,6 +33,8 @@ from mmvl.models.modules.visual_tokens import region_inputs, require_image
 from mmvl.registry import register_model
 
 HEAD_TYPES = ("classification", "pretraining")
+#: what the classification head reads (``last_text_token``: MMF's ``pooler_strategy: vqa``)
+CLASSIFIER_INPUTS = ("pooled", "pooled_and_visual", "last_text_token")
 
 
 @register_model("visual_bert")
@@ -63,7 +65,7 @@ class VisualBert(TextBertModel):
         self.classifier_input = str(cfg.get("classifier_input") or "pooled")
         self.image_encoder: nn.Module | None = None
         if self.feature_dim:
-            if self.classifier_input != "pooled":
+            if self.classifier_input == "pooled_and_visual":
                 raise UserError(f"visual_bert: classifier_input={self.classifier_input!r} needs a fixed image "
                                 "grid; with feature_dim set use classifier_input: pooled.")
             self.region_embeddings = RegionEmbeddings(self.feature_dim, hidden, bc.hidden_dropout_prob,
@@ -83,9 +85,9 @@ class VisualBert(TextBertModel):
             self.classifier = self._build_classifier(cfg, hidden, bc)
 
     def _build_classifier(self, cfg: dict[str, Any], hidden: int, bc: Any) -> nn.Module:
-        if self.classifier_input not in ("pooled", "pooled_and_visual"):
-            raise UserError(f"visual_bert: classifier_input={self.classifier_input!r}; use 'pooled' "
-                            "or 'pooled_and_visual'.")
+        if self.classifier_input not in CLASSIFIER_INPUTS:
+            raise UserError(f"visual_bert: classifier_input={self.classifier_input!r}; use one of "
+                            f"{', '.join(CLASSIFIER_INPUTS)}.")
         head_in = hidden
         if self.classifier_input == "pooled_and_visual":
             size = int(cfg.get("image_size") or 75)
@@ -125,6 +127,9 @@ class VisualBert(TextBertModel):
                                 f"{self.num_visual_tokens} visual tokens but got {visual_out.shape[1]}; "
                                 "set model_config.visual_bert.image_size to the input image size.")
             pooled = torch.cat([pooled, visual_out.flatten(1)], dim=1)
+        elif self.classifier_input == "last_text_token":  # the token before [SEP], not the pooler
+            last = (text_mask.sum(1) - 2).clamp(min=0)
+            pooled = hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
         return {"scores": self.classifier(pooled)}
 
     def _visual_tokens(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -301,6 +301,12 @@ class FileDatasetBuilder(DatasetBuilder):
             import mmvl.data.features  # noqa: F401  (registers the features processor)
         return self.processor("features", data_dir=self.data_dir)
 
+    def features_info(self) -> dict[str, int]:
+        """``feature_dim`` (the width of the served region features), for model configs leaving it null."""
+        features = self.features_processor
+        ids = features.ids() if features is not None else []
+        return {"feature_dim": int(features(ids[0])["features"].shape[-1])} if ids else {}
+
     def build(self, split: str) -> Dataset:
         if split not in self._datasets:
             self._datasets[split] = self.make_dataset(split, self.records(split))

@@ -148,7 +148,7 @@ class COCOCaptionsBuilder(FileDatasetBuilder):
                                    _SPLIT_SALT.get(split, 3), mask=mask)
 
     def model_info(self) -> dict[str, int]:
-        return {"vocab_size": int(self.text_processor.vocab_size), "num_labels": 2}
+        return {"vocab_size": int(self.text_processor.vocab_size), "num_labels": 2, **self.features_info()}
 
     def predictions(self, data: dict[str, Any], scores: Any) -> list[dict[str, Any]]:
         """``[{"id", "match_proba"}]``: the probability that the pair matches."""

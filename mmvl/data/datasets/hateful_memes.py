@@ -91,7 +91,7 @@ class HatefulMemesBuilder(FileDatasetBuilder):
                                    self.features_processor, self.policy)
 
     def model_info(self) -> dict[str, int]:
-        return {"vocab_size": int(self.text_processor.vocab_size), "num_labels": 2}
+        return {"vocab_size": int(self.text_processor.vocab_size), "num_labels": 2, **self.features_info()}
 
     def predictions(self, data: dict[str, Any], scores: Any) -> list[dict[str, Any]]:
         """The challenge's submission rows: ``id``, ``proba`` (hateful) and ``label`` (proba >= 0.5)."""

@@ -133,7 +133,8 @@ class VQA2Builder(FileDatasetBuilder):
                            self.features_processor, self.policy)
 
     def model_info(self) -> dict[str, int]:
-        return {"vocab_size": int(self.text_processor.vocab_size), "num_labels": self.answer_processor.num_answers}
+        return {"vocab_size": int(self.text_processor.vocab_size), "num_labels": self.answer_processor.num_answers,
+                **self.features_info()}
 
     def predictions(self, data: dict[str, Any], scores: Any) -> list[dict[str, Any]]:
         ids = data.get("id", [])

