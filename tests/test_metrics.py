@@ -161,7 +161,7 @@ METRIC_CASES = {
 }
 
 
-@pytest.mark.parametrize("name", METRICS.names())
+@pytest.mark.parametrize("name", [n for n in METRICS.names() if METRICS.get(n).__module__.startswith("mmvl.")])
 def test_every_registered_metric(name):
     assert name in METRIC_CASES, f"metric {name!r} is registered but has no case in tests/test_metrics.py METRIC_CASES"
     params, batch, perfect, wrong, best, worst = METRIC_CASES[name]

@@ -24,8 +24,7 @@ from torch import nn
 
 from mmvl.errors import UserError
 from mmvl.models.modules import film  # noqa: F401  (registers the film_cnn image encoder)
-from mmvl.models.modules.bert import (TextBertModel, bidirectional_mask, build_text_bert,
-                                      enable_bert_checkpointing, plain_config, require_num_labels)
+from mmvl.models.modules.bert import (TextBertModel, bidirectional_mask, enable_bert_checkpointing, plain_config)
 from mmvl.models.modules.heads import PretrainingHeads
 from mmvl.models.modules.image_encoders import build_image_encoder
 from mmvl.models.modules.visual_embeddings import RegionEmbeddings, VisualEmbeddings
@@ -53,11 +52,9 @@ class VisualBert(TextBertModel):
         if self.head_type == "pretraining" and cfg.get("losses"):
             raise UserError("visual_bert: training_head_type=pretraining computes its own losses (mlm, itm); set "
                             "model_config.visual_bert.losses: [] so the matching loss is not counted twice.")
-        self.bert = build_text_bert(cfg, "visual_bert")
+        self.build_text("visual_bert", labels=self.head_type == "classification")
         bc = self.bert.config
         hidden = bc.hidden_size
-        if self.head_type == "classification":
-            require_num_labels(cfg, "visual_bert")
         self.feature_dim = int(cfg["feature_dim"]) if cfg.get("feature_dim") else None
         # ``pooled``: VisualBERT's head on the pooled [CLS]. ``pooled_and_visual`` also reads
         # every visual token's final hidden state in grid order, so a position-specific answer
@@ -101,10 +98,7 @@ class VisualBert(TextBertModel):
             nn.Linear(hidden, int(cfg["num_labels"])),
         )
         projections = [] if self.image_encoder is None else [self.visual_embeddings.proj]
-        for module in [*projections, *classifier]:
-            if isinstance(module, nn.Linear):
-                nn.init.normal_(module.weight, std=bc.initializer_range)
-                nn.init.zeros_(module.bias)
+        self.init_new_layers(*projections, classifier)
         return classifier
 
     def forward(self, batch: dict[str, Any]) -> dict[str, Any]:

@@ -21,6 +21,8 @@ from mmvl.registry import MODELS
 
 TINY = Path(__file__).resolve().parent / "tiny"
 STEPS = 20
+#: the models mmvl registers (test fixtures register their own, e.g. toy_mlp, which ship nothing)
+SHIPPED = [name for name in MODELS.names() if MODELS.get(name).__module__.startswith("mmvl.")]
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +57,7 @@ def _loss(model, losses, batch) -> torch.Tensor:
     return sum(values.values())
 
 
-@pytest.mark.parametrize("name", MODELS.names())
+@pytest.mark.parametrize("name", SHIPPED)
 def test_registered_model_forward_backward_and_learns(name, data_dir, tmp_path):
     config, model, losses, optimizer, batch = _build(name, data_dir, tmp_path)
     model.train()
@@ -83,4 +85,5 @@ def test_registered_model_forward_backward_and_learns(name, data_dir, tmp_path):
 def test_every_tiny_config_names_a_registered_model():
     """A tiny config for a model that is no longer registered is dead weight."""
     names = {p.stem for p in TINY.glob("*.yaml") if not p.stem.startswith("_")}
-    assert names <= set(MODELS.names()), sorted(names - set(MODELS.names()))
+    assert names <= set(SHIPPED), sorted(names - set(SHIPPED))
+    assert {"visual_bert", "mmbt", "concat_bert"} <= set(SHIPPED)

@@ -259,6 +259,13 @@ class FileDatasetBuilder(DatasetBuilder):
                             f"dataset_config.{self.name}.splits.{split} or choose another run_type.")
         return dict(spec)
 
+    def split_file(self, split: str, key: str, what: str) -> Path:
+        """The file ``splits.<split>.<key>`` names (under the data folder); a UserError when unset."""
+        name = self.split_config(split).get(key)
+        if not name:
+            raise UserError(f"{self.name}: splits.{split}.{key} is not set; give {what}.")
+        return self.path(name)
+
     def records(self, split: str) -> list[dict[str, Any]]:
         """The split's samples as plain dicts (loaded once, capped at ``max_samples``)."""
         if split not in self._records:

@@ -97,10 +97,7 @@ class COCOCaptionsBuilder(FileDatasetBuilder):
     config_path = "datasets/coco_captions.yaml"
 
     def load_records(self, split: str) -> list[dict[str, Any]]:
-        spec = self.split_config(split)
-        if not spec.get("annotations"):
-            raise UserError(f"coco_captions: splits.{split}.annotations is not set; give the captions JSON file.")
-        path = self.path(spec["annotations"])
+        path = self.split_file(split, "annotations", "the captions JSON file")
         doc = load_json(path, self.name, "captions file")
         files: dict[Any, str] = {}
         for i, image in enumerate(field_list(doc, "images", path, self.name)):

@@ -58,10 +58,7 @@ class HatefulMemesBuilder(FileDatasetBuilder):
     prediction_format = "csv"
 
     def load_records(self, split: str) -> list[dict[str, Any]]:
-        spec = self.split_config(split)
-        if not spec.get("annotations"):
-            raise UserError(f"hateful_memes: splits.{split}.annotations is not set; give the split's .jsonl file.")
-        path = self.path(spec["annotations"])
+        path = self.split_file(split, "annotations", "the split's .jsonl file")
         records, labelled = [], None
         for line in load_jsonl(path, self.name, "annotation file"):
             where = f"line {line['_line']}"

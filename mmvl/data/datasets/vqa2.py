@@ -76,9 +76,7 @@ class VQA2Builder(FileDatasetBuilder):
 
     def load_records(self, split: str) -> list[dict[str, Any]]:
         spec = self.split_config(split)
-        if not spec.get("questions"):
-            raise UserError(f"vqa2: splits.{split}.questions is not set; give the questions JSON file.")
-        qpath = self.path(spec["questions"])
+        qpath = self.split_file(split, "questions", "the questions JSON file")
         questions = field_list(load_json(qpath, self.name, "questions file"), "questions", qpath, self.name)
         records = []
         for i, q in enumerate(questions):

@@ -131,6 +131,24 @@ class TextBertModel(BaseModel):
 
     bert: nn.Module
 
+    def build_text(self, name: str, labels: bool = True) -> tuple[dict[str, Any], int | None]:
+        """Build ``self.bert``; return ``model_config`` as a plain dict and, with ``labels``, the
+        label count it must give (a UserError naming the model when it is null)."""
+        cfg = plain_config(self.config)
+        num_labels = require_num_labels(cfg, name) if labels else None
+        self.bert = build_text_bert(cfg, name)
+        return cfg, num_labels
+
+    def init_new_layers(self, *modules: nn.Module) -> None:
+        """BERT's initialisation for the layers no checkpoint covers (heads, projections): every
+        ``nn.Linear`` among ``modules`` gets normal(0, initializer_range) weights and zero biases."""
+        std = self.bert.config.initializer_range
+        for module in modules:
+            for layer in module.modules():
+                if isinstance(layer, nn.Linear):
+                    nn.init.normal_(layer.weight, std=std)
+                    nn.init.zeros_(layer.bias)
+
     def lr_multipliers(self) -> dict[str, float]:
         return text_lr_multipliers(plain_config(self.config), "bert")
 
