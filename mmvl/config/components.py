@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 _BUILTIN_PACKAGES = {"model": "mmvl.models", "dataset": "mmvl.data.datasets", "processor": "mmvl.data.processors",
                      "loss": "mmvl.losses", "metric": "mmvl.metrics", "optimizer": "mmvl.optim",
                      "scheduler": "mmvl.optim", "trainer": "mmvl.trainers", "callback": "mmvl.trainers.callbacks",
-                     "strategy": "mmvl.distributed.strategies"}
+                     "strategy": "mmvl.distributed.strategies", "image_encoder": "mmvl.models"}
 
 
 def import_builtins(kind: str) -> None:
