@@ -109,7 +109,7 @@ def translate(layer: dict[str, Any], base: dict[str, Any], source: str,
         rule = _match(path, RENAMED)
         if rule is not None:
             pattern, (target, values) = rule
-            if values is None or value in values:
+            if values is None or (_scalar(value) and value in values):
                 _put(out, _rename(path, pattern, target), value if values is None else values[value])
                 continue
             unused.append((f"{'.'.join(path)}={value}", source))
@@ -194,6 +194,10 @@ def _rename(path: Path_, pattern: str, target: str) -> Path_:
     parts = pattern.split(".")
     names = iter(q for p, q in zip(parts, path) if p == "*")
     return (*(next(names) if t == "*" else t for t in target.split(".")), *path[len(parts):])
+
+
+def _scalar(value: Any) -> bool:
+    return value is None or isinstance(value, (str, int, float, bool))
 
 
 def _mapped_value(path: Path_, value: Any) -> Any:

@@ -161,7 +161,8 @@ def test_the_tables_do_not_shadow_mmvl_keys():
         node = base
         for part in parts:
             node = node.get(part) if isinstance(node, dict) else None
-        assert node is None, f"{key} is an mmvl key now: remove it from mmvl/config/mmf.py"
+        # a mapping may hold MMF-only keys next to mmvl's (checkpoint.reset.all); a value is mmvl's alone
+        assert node is None or isinstance(node, dict), f"{key} is an mmvl key now: remove it from mmvl/config/mmf.py"
 
 
 def test_tokenizer_from_the_local_hugging_face_cache(hf_cache):
