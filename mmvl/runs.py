@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from mmvl.config.access import config_value
 from mmvl.errors import UserError, did_you_mean
 
 #: event fields that are not metrics
@@ -124,8 +125,8 @@ class Run:
         """Train fields that are losses: ``total_loss``, names ending in ``loss``, the configured
         losses, and any train field an evaluation also reports (evaluations report the losses)."""
         model = self.config.get("model")
-        configured = (self.config.get("model_config") or {}).get(model) or {} if model else {}
-        named = {e if isinstance(e, str) else e.get("type") for e in configured.get("losses") or []}
+        configured = config_value(self.config, f"model_config.{model}.losses", []) if model else []
+        named = {e if isinstance(e, str) else e.get("type") for e in configured}
         evaluated = {k for d in self.metrics("val").values() for k in d}
         keys: list[str] = []
         for event in self.train:
@@ -141,9 +142,10 @@ class Run:
 
     def minimize(self, dataset: str, metric: str) -> bool:
         """The early-stop direction when this metric is its criterion, else :func:`minimize`."""
-        early = (self.config.get("training") or {}).get("early_stop") or {}
-        if early.get("minimize") is not None and early.get("criteria") in (f"{dataset}/{metric}", metric):
-            return bool(early["minimize"])
+        chosen = config_value(self.config, "training.early_stop.minimize")
+        if chosen is not None and config_value(self.config, "training.early_stop.criteria") in (
+                f"{dataset}/{metric}", metric):
+            return bool(chosen)
         return minimize(metric) or metric in self.loss_keys()
 
     def title(self) -> str:
@@ -157,7 +159,7 @@ class Run:
         last = {d: ev[-1] for d, ev in self.evaluations("val").items() if ev}
         if not last:
             return None
-        criteria = ((self.config.get("training") or {}).get("early_stop") or {}).get("criteria")
+        criteria = config_value(self.config, "training.early_stop.criteria")
         dataset, metric = resolve_metric(criteria, last, "training.early_stop.criteria", self.loss_keys())
         return f"{dataset}/{metric}"
 

@@ -1,5 +1,5 @@
 """usage: mmvl_run [config=FILE.yaml ...] [key=value ...] [--debug]
-       mmvl_run --list [model|dataset|processor|loss|metric|optimizer|scheduler|trainer|callback|strategy]
+       mmvl_run --list [KIND] [env.user_dir=DIR]
 
 Train and/or evaluate a model from YAML configs (``python -m mmvl_cli.run`` is the same,
 so ``torchrun ... -m mmvl_cli.run`` works).
@@ -17,7 +17,9 @@ Arguments are key=value pairs, applied in this order (later wins):
   env.user_dir=DIR   import your own package first (models, datasets, metrics you registered)
 
 Options:
-  --list [KIND]      print every registered name, or those of one kind, and exit
+  --list [KIND]      print every registered name, or those of one KIND (model, dataset,
+                     processor, loss, metric, optimizer, scheduler, ...), and exit; with
+                     env.user_dir=DIR (or config=FILE naming one) your registrations too
   --debug            show the full traceback of an error (also MMVL_DEBUG=1); without it
                      a mistake prints one line naming the value and the fix, exit code 2
   -h, --help         this text
@@ -49,8 +51,12 @@ def _run(opts: list[str]) -> int:
     from mmvl.config import load_config
     from mmvl.trainers import run
 
-    if opts and opts[0] == "--list":
-        print_registry(opts[1] if len(opts) > 1 else None)
+    if opts and opts[0] == "--list":  # --list [kind] [env.user_dir=... | config=...]
+        from mmvl.config import import_registrations
+
+        kinds = [o for o in opts[1:] if "=" not in o]
+        import_registrations([o for o in opts[1:] if "=" in o])
+        print_registry(kinds[0] if kinds else None)
         return 0
     config = load_config(opts)
     run(config)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from mmvl.config.access import config_value
 from mmvl.trainers.callbacks.base import Callback
 from mmvl.trainers.callbacks.checkpoint import CheckpointCallback
 from mmvl.trainers.callbacks.curves import CurvesCallback
@@ -22,11 +23,10 @@ def default_callbacks(trainer: Any) -> list[Callback]:
     """LR first (it records the LR used), then logging (TensorBoard and curves read what it
     wrote), evaluation, early stop, checkpoint, and preemption last (it saves through the
     checkpoint callback). TensorBoard and curves.png as ``training.tensorboard``/``curves`` say."""
-    training = trainer.config.training
     callbacks = [LRSchedulerCallback(trainer), LoggingCallback(trainer)]
     if tensorboard_enabled(trainer.config):
         callbacks.append(TensorBoardCallback(trainer))
-    if training.get("curves", True):
+    if config_value(trainer.config, "training.curves", True):
         callbacks.append(CurvesCallback(trainer))
     return callbacks + [EvaluationCallback(trainer), EarlyStopCallback(trainer), CheckpointCallback(trainer),
                         PreemptionCallback(trainer)]

@@ -20,17 +20,20 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from mmvl.config.access import config_value
 from mmvl.errors import UserError
 from mmvl.registry import register_callback
 from mmvl.runs import BOOKKEEPING, flatten
 from mmvl.trainers.callbacks.base import Callback
 
 log = logging.getLogger("mmvl")
+#: the values of training.tensorboard
+TENSORBOARD = (True, False, "auto")
 
 
 def tensorboard_enabled(config: DictConfig) -> bool:
     """Resolve ``training.tensorboard`` (true | false | auto) against the installed packages."""
-    value = config.training.get("tensorboard", "auto")
+    value = config_value(config, "training.tensorboard", "auto")
     installed = importlib.util.find_spec("tensorboard") is not None
     if value is True and not installed:
         raise UserError("training.tensorboard=true but the tensorboard package is not installed; "
