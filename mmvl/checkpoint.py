@@ -69,29 +69,28 @@ def atomic_save(obj: Mapping[str, Any], path: str | os.PathLike) -> Path:
     """``torch.save`` to a temp file beside ``path``, fsync, then rename over it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    return _atomic_write(path, "wb", lambda f: torch.save(obj, f))
+    return atomic_write(path, "wb", lambda f: torch.save(obj, f))
 
 
-def _atomic_write(path: Path, mode: str, write: Any) -> Path:
-    """``write(f)`` into a temp file beside ``path``, fsync, rename over ``path``, fsync the folder."""
-    tmp = _temp_path(path)
-    try:
-        with open(tmp, mode) as f:
+def atomic_write(path: str | os.PathLike, mode: str, write: Any) -> Path:
+    """``write(f)`` into a temp file beside ``path``, fsync, rename over ``path``, fsync the folder.
+
+    The one atomic writer: checkpoints, markers, ``config.yaml`` and predictions all
+    go through it, so a crash leaves either the old file or the new one, never half.
+    ``mode`` is ``"wb"`` or ``"w"`` (text is UTF-8).
+    """
+    def fill(tmp: Path) -> None:
+        with open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-    return path
+
+    return _replace(Path(path), fill)
 
 
 def _link_replace(src: Path, dst: Path) -> None:
     """Make ``dst`` name the same complete file as ``src`` (hard link, else copy), atomically."""
-    tmp = _temp_path(dst)
-    try:
+    def fill(tmp: Path) -> None:
         tmp.unlink()
         try:
             os.link(src, tmp)
@@ -99,11 +98,21 @@ def _link_replace(src: Path, dst: Path) -> None:
             shutil.copyfile(src, tmp)
             with open(tmp, "rb+") as f:
                 os.fsync(f.fileno())
-        os.replace(tmp, dst)
+
+    _replace(dst, fill)
+
+
+def _replace(path: Path, fill: Any) -> Path:
+    """``fill(tmp)`` a temp file beside ``path``, rename it over ``path``, fsync the folder; no temp left."""
+    tmp = _temp_path(path)
+    try:
+        fill(tmp)
+        os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    _fsync_dir(dst.parent)
+    _fsync_dir(path.parent)
+    return path
 
 
 def safe_load(path: str | os.PathLike, map_location: Any = "cpu",
@@ -349,7 +358,7 @@ def mark_sharded_complete(directory: str | os.PathLike, **info: Any) -> Path:
     directory = Path(directory)
     files = {p.name: p.stat().st_size for p in sorted(directory.iterdir())
              if p.is_file() and p.name != SHARDED_MARKER and not _TEMP.match(p.name)}
-    return _atomic_write(directory / SHARDED_MARKER, "w", lambda f: json.dump({**info, "files": files}, f))
+    return atomic_write(directory / SHARDED_MARKER, "w", lambda f: json.dump({**info, "files": files}, f))
 
 
 def sharded_problem(directory: str | os.PathLike) -> str | None:

@@ -24,8 +24,7 @@ from torch import nn
 
 from mmvl.errors import UserError
 from mmvl.models.modules import film  # noqa: F401  (registers the film_cnn image encoder)
-from mmvl.models.modules.bert import (TextBertModel, bidirectional_mask, build_text_bert,
-                                      enable_bert_checkpointing, plain_config, require_num_labels)
+from mmvl.models.modules.bert import (TextBertModel, bidirectional_mask, enable_bert_checkpointing, plain_config)
 from mmvl.models.modules.heads import PretrainingHeads
 from mmvl.models.modules.image_encoders import build_image_encoder
 from mmvl.models.modules.visual_embeddings import RegionEmbeddings, VisualEmbeddings
@@ -34,8 +33,9 @@ from mmvl.registry import register_model
 
 HEAD_TYPES = ("classification", "pretraining")
 #: what the classification head reads, concatenated: the pooled [CLS], the flattened grid of
-#: visual tokens, their mean, their max (final hidden states)
-CLASSIFIER_PARTS = ("pooled", "visual", "mean", "max")
+#: visual tokens, their mean, their max (final hidden states), the text token before [SEP]
+#: (``last_text_token``: MMF's ``pooler_strategy: vqa``)
+CLASSIFIER_PARTS = ("pooled", "visual", "mean", "max", "last_text_token")
 CLASSIFIER_ALIASES = {"pooled_and_visual": ["pooled", "visual"], "pooled_and_pools": ["pooled", "mean", "max"]}
 
 
@@ -55,11 +55,9 @@ class VisualBert(TextBertModel):
         if self.head_type == "pretraining" and cfg.get("losses"):
             raise UserError("visual_bert: training_head_type=pretraining computes its own losses (mlm, itm); set "
                             "model_config.visual_bert.losses: [] so the matching loss is not counted twice.")
-        self.bert = build_text_bert(cfg, "visual_bert")
+        self.build_text("visual_bert", labels=self.head_type == "classification")
         bc = self.bert.config
         hidden = bc.hidden_size
-        if self.head_type == "classification":
-            require_num_labels(cfg, "visual_bert")
         self.feature_dim = int(cfg["feature_dim"]) if cfg.get("feature_dim") else None
         # ``classifier_input``: a list of CLASSIFIER_PARTS (or one part, or an alias). ``pooled``:
         # VisualBERT's head on the pooled [CLS]. ``visual`` reads every visual token's final state in
@@ -104,10 +102,7 @@ class VisualBert(TextBertModel):
             nn.Linear(hidden, int(cfg["num_labels"])),
         )
         projections = [] if self.image_encoder is None else [self.visual_embeddings.proj]
-        for module in [*projections, *classifier]:
-            if isinstance(module, nn.Linear):
-                nn.init.normal_(module.weight, std=bc.initializer_range)
-                nn.init.zeros_(module.bias)
+        self.init_new_layers(*projections, classifier)
         return classifier
 
     def forward(self, batch: dict[str, Any]) -> dict[str, Any]:
@@ -126,6 +121,9 @@ class VisualBert(TextBertModel):
         visual_out = hidden[:, text.shape[1]:]
         pools = masked_mean_max(visual_out, visual_mask) if {"mean", "max"} & set(self.classifier_parts) else (None, None)
         parts = {"pooled": pooled, "mean": pools[0], "max": pools[1]}
+        if "last_text_token" in self.classifier_parts:  # the token before [SEP], not the pooler
+            last = (text_mask.sum(1) - 2).clamp(min=0)
+            parts["last_text_token"] = hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
         features = [self._flat_grid(visual_out) if p == "visual" else parts[p] for p in self.classifier_parts]
         return {"scores": self.classifier(torch.cat(features, dim=1))}
 

@@ -1,9 +1,12 @@
 """Callbacks: the named hooks the training loop calls, in list order.
 
 Hooks (all optional): ``on_train_start``, ``on_update_start``,
-``on_update_end(info)``, ``on_evaluation_end(split, results)``,
-``on_train_end``. ``state_dict``/``load_state_dict`` put a callback's state in
-the checkpoint under its class name. Every rank calls every hook; a callback
+``on_update_end(info)``, ``on_evaluation_end(split, results)``, ``on_log(event)``,
+``on_train_end``. ``on_log`` receives every event the logging callback writes to
+``metrics.jsonl`` (train events with the losses already averaged over ranks, one event
+per evaluated dataset): the place for other sinks such as TensorBoard.
+``state_dict``/``load_state_dict`` put a callback's state in the checkpoint under its
+class name. Every rank calls every hook; a callback
 that writes files checks ``trainer.engine.is_main_process``.
 """
 from __future__ import annotations
@@ -22,6 +25,8 @@ class Callback:
     def on_update_end(self, info: dict[str, Any]) -> None: ...
 
     def on_evaluation_end(self, split: str, results: dict[str, dict[str, float]]) -> None: ...
+
+    def on_log(self, event: dict[str, Any]) -> None: ...
 
     def on_train_end(self) -> None: ...
 

@@ -1,4 +1,9 @@
-"""Progress bar, a log line every ``log_interval``, and ``metrics.jsonl`` (rank 0 only)."""
+"""Progress bar, a log line every ``log_interval``, and ``metrics.jsonl`` (rank 0 only).
+
+Every event carries ``wall_s``: the run's wall time so far (training and evaluation,
+summed over resumed segments, downtime excluded). Every event is handed to the
+callbacks' ``on_log`` (TensorBoard), so the train event's collective runs once.
+"""
 from __future__ import annotations
 
 import json
@@ -27,17 +32,21 @@ class LoggingCallback(Callback):
         self.interval = max(1, int(trainer.config.training.log_interval or 1))
         self.path = os.path.join(str(trainer.config.env.save_dir), "metrics.jsonl")
         self.bar: tqdm | None = None
+        self.wall_before, self.wall_start = 0.0, time.perf_counter()  # wall_s of earlier segments
         self._reset_window()
 
     def _reset_window(self) -> None:
         self.sums: dict[str, torch.Tensor] = {}
         self.count, self.samples, self.start = 0, 0, time.perf_counter()
+        self.restart_clock = False
 
     def write(self, event: dict[str, Any]) -> None:
-        if not self.main:
-            return
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(event) + "\n")
+        """Append ``event`` to metrics.jsonl (rank 0) and hand it to every callback's ``on_log``."""
+        event["wall_s"] = round(self.wall_before + time.perf_counter() - self.wall_start, 3)
+        if self.main:
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(event) + "\n")
+        self.trainer.call("on_log", event)
 
     def on_train_start(self) -> None:
         t = self.trainer
@@ -87,12 +96,22 @@ class LoggingCallback(Callback):
             if self.main:
                 shown = " | ".join(f"{k} {v:.4f}" for k, v in values.items())
                 log.info("%s %s @ update %d | %s", split, dataset, t.update, shown)
-        self.start = time.perf_counter()  # evaluation time is not training throughput
+        self.restart_clock = True  # evaluation (and what follows it) is not training throughput
+
+    def on_update_start(self) -> None:
+        if self.restart_clock:
+            self.start, self.restart_clock = time.perf_counter(), False
 
     def on_train_end(self) -> None:
         if self.bar is not None:
             self.bar.close()
             self.bar = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"wall_s": self.wall_before + time.perf_counter() - self.wall_start}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.wall_before, self.wall_start = float(state.get("wall_s", 0.0)), time.perf_counter()
 
 
 def _peak_memory_mb(device: torch.device) -> float:
