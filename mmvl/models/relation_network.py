@@ -7,6 +7,10 @@ outputs are summed and the MLP ``f`` scores the answers:
 
     scores = f( sum_{i,j} g([o_i; o_j; q]) )
 
+With ``feature_dim`` set the objects are region features with their boxes instead
+(``batch["features"]``, ``boxes``, ``feature_mask``; padded regions join no pair): the
+paper's state-description setting, where the objects are given rather than found.
+
 Nothing in it is specific to a task: the sum over all pairs is what lets it
 compare any two things in the image, which single-stream transformers have to
 discover through attention.
@@ -30,7 +34,7 @@ from mmvl.errors import UserError
 from mmvl.models.base import BaseModel
 from mmvl.models.modules.bert import plain_config, require_num_labels
 from mmvl.models.modules.image_encoders import build_image_encoder
-from mmvl.models.modules.visual_tokens import require_image
+from mmvl.models.modules.visual_tokens import BOX_DIM, region_inputs, require_image
 from mmvl.registry import register_model
 
 
@@ -69,17 +73,56 @@ class PairwiseRelation(nn.Module):
         self.out_dim = hidden_sizes[-1]
         self.checkpointing = False
 
-    def forward(self, objects: torch.Tensor, question: torch.Tensor) -> torch.Tensor:
-        """``objects`` B x N x D, ``question`` B x Q -> B x out_dim."""
+    def forward(self, objects: torch.Tensor, question: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """``objects`` B x N x D, ``question`` B x Q, ``mask`` B x N (0: padding) -> B x out_dim."""
         if self.checkpointing and self.training and torch.is_grad_enabled():
-            return checkpoint(self._relate, objects, question, use_reentrant=False)
-        return self._relate(objects, question)
+            return checkpoint(self._relate, objects, question, mask, use_reentrant=False)
+        return self._relate(objects, question, mask)
 
-    def _relate(self, objects: torch.Tensor, question: torch.Tensor) -> torch.Tensor:
+    def _relate(self, objects: torch.Tensor, question: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         pairs = (self.left(objects).unsqueeze(2) + self.right(objects).unsqueeze(1)
                  + self.question(question)[:, None, None, :])  # B x N x N x H
         out = self.rest(torch.relu(pairs))
-        return out.sum(dim=(1, 2)) if self.reduction == "sum" else out.mean(dim=(1, 2))
+        if mask is None:
+            return out.sum(dim=(1, 2)) if self.reduction == "sum" else out.mean(dim=(1, 2))
+        m = mask.to(out.dtype)
+        weights = (m.unsqueeze(2) * m.unsqueeze(1)).unsqueeze(-1)  # a pair counts if both objects are real
+        total = (out * weights).sum(dim=(1, 2))
+        return total if self.reduction == "sum" else total / weights.sum(dim=(1, 2)).clamp(min=1)
+
+
+class ObjectEncoder(nn.Module):
+    """An MLP applied to every object before the pairs (no layers: the identity, as in the paper).
+
+    With ``cond_dim`` each layer is FiLM-ed by the question vector, ``relu((W o + b) * (1 + gamma(q))
+    + beta(q))`` (gamma, beta start at 0): a product of question and object features, so "is this
+    the object the question names" is one layer away instead of a three-way interaction that g has
+    to discover through ReLU thresholds.
+    """
+
+    def __init__(self, in_dim: int, sizes: list[int], cond_dim: int | None):
+        super().__init__()
+        self.layers = nn.ModuleList()
+        self.films = nn.ModuleList()
+        for width in sizes:
+            self.layers.append(nn.Linear(in_dim, width))
+            if cond_dim:
+                film = nn.Linear(cond_dim, 2 * width)
+                nn.init.zeros_(film.weight)
+                nn.init.zeros_(film.bias)
+                self.films.append(film)
+            in_dim = width
+        self.out_dim = in_dim
+
+    def forward(self, objects: torch.Tensor, question: torch.Tensor) -> torch.Tensor:
+        h = objects
+        for i, layer in enumerate(self.layers):
+            h = layer(h)
+            if len(self.films):
+                gamma, beta = self.films[i](question.to(h.dtype)).unsqueeze(1).chunk(2, dim=-1)
+                h = h * (1 + gamma) + beta
+            h = torch.relu(h)
+        return h
 
 
 @register_model("relation_network")
@@ -97,17 +140,28 @@ class RelationNetwork(BaseModel):
                             "filled it in; set it or use a dataset with a text processor.")
         q = dict(cfg.get("question_encoder") or {})
         word_dim, question_dim = int(q.get("word_dim", 32)), int(q.get("hidden_size", 128))
-        encoder_spec = dict(cfg.get("image_encoder") or {"type": "cnn"})
-        if encoder_spec.get("type") == "film_cnn":  # conditioned on the question vector q
-            encoder_spec["params"] = {**dict(encoder_spec.get("params") or {}), "cond_dim": question_dim}
-        self.image_encoder = build_image_encoder(encoder_spec)
+        self.feature_dim = int(cfg["feature_dim"]) if cfg.get("feature_dim") else None
+        self.image_encoder: nn.Module | None = None
+        if self.feature_dim:  # region features + box features are the objects
+            object_dim = self.feature_dim + BOX_DIM
+        else:
+            encoder_spec = dict(cfg.get("image_encoder") or {"type": "cnn"})
+            if encoder_spec.get("type") == "film_cnn":  # conditioned on the question vector q
+                encoder_spec["params"] = {**dict(encoder_spec.get("params") or {}), "cond_dim": question_dim}
+            self.image_encoder = build_image_encoder(encoder_spec)
+            object_dim = int(self.image_encoder.out_dim) + 2
         self.word_embeddings = nn.Embedding(int(cfg["vocab_size"]), word_dim, padding_idx=0)
         self.question_lstm = nn.LSTM(word_dim, question_dim, batch_first=True)
-        self.relation = PairwiseRelation(int(self.image_encoder.out_dim) + 2, question_dim,
+        with torch.no_grad():  # gates i, f, g, o: a forget bias keeps early words (the colour) in the last state
+            self.question_lstm.bias_ih_l0[question_dim:2 * question_dim] += float(q.get("forget_bias", 0.0))
+        self.object_encoder = ObjectEncoder(object_dim, [int(w) for w in cfg.get("object_encoder_sizes") or []],
+                                            question_dim if cfg.get("object_encoder_film") else None)
+        object_dim = self.object_encoder.out_dim
+        self.relation = PairwiseRelation(object_dim, question_dim,
                                          [int(w) for w in cfg.get("g_hidden_sizes") or [256, 256, 256, 256]],
                                          str(cfg.get("pair_reduction") or "sum"))
         f_sizes = [int(w) for w in cfg.get("f_hidden_sizes") or [256, 256]]
-        layers: list[nn.Module] = []
+        layers = []
         prev = self.relation.out_dim
         for width in f_sizes:
             layers += [nn.Linear(prev, width), nn.ReLU(inplace=True)]
@@ -126,10 +180,17 @@ class RelationNetwork(BaseModel):
         return outputs.gather(1, last.view(-1, 1, 1).expand(-1, 1, outputs.shape[-1])).squeeze(1)
 
     def objects(self, batch: dict[str, Any], question: torch.Tensor | None = None) -> torch.Tensor:
-        """``B x HW x (C + 2)``: the feature-map cells with their coordinates appended.
+        """``B x HW x (C + 2)``: the feature-map cells with their coordinates appended; with
+        ``feature_dim`` set, ``B x M x (F + 5)``: each region's features with its box features.
 
         A question-conditioned encoder (``film_cnn``) also gets the question vector.
         """
+        if self.image_encoder is None:
+            feats, _, boxes = region_inputs(batch, int(self.feature_dim), "relation_network")
+            if boxes is None:
+                raise UserError("relation_network: region features need their boxes (batch['boxes']): the boxes "
+                                "are the objects' positions.")
+            return torch.cat([feats, boxes], dim=-1)
         image = require_image(batch, "relation_network")
         if getattr(self.image_encoder, "conditioned", False):
             grid = self.image_encoder(image, self.encode_question(batch) if question is None else question)
@@ -142,13 +203,15 @@ class RelationNetwork(BaseModel):
 
     def forward(self, batch: dict[str, Any]) -> dict[str, Any]:
         question = self.encode_question(batch)
-        objects = self.objects(batch, question)
-        relation = self.relation(objects, question.to(objects.dtype))
+        objects = self.object_encoder(self.objects(batch, question), question)
+        mask = batch.get("feature_mask") if self.image_encoder is None else None
+        relation = self.relation(objects, question.to(objects.dtype), mask)
         return {"scores": self.f(relation)}
 
     def enable_gradient_checkpointing(self) -> None:
-        self.image_encoder.enable_gradient_checkpointing()
+        if self.image_encoder is not None:
+            self.image_encoder.enable_gradient_checkpointing()
         self.relation.checkpointing = True
 
     def shard_units(self) -> list[nn.Module]:
-        return [self.image_encoder, self.relation]
+        return [m for m in (self.image_encoder, self.relation) if m is not None]

@@ -142,3 +142,32 @@ def test_tiny_config_trains_through_mmvl_run(tmp_path):
     assert len(train) == 2 and all(loss == loss for loss in train)
     val = [e for e in events if e["split"] == "val"][-1]
     assert {"accuracy/relational", "accuracy/count", "accuracy/prior/relational"} <= set(val)
+
+
+def region_batch(n: int = 3, m: int = 4, dim: int = 7) -> dict:
+    g = torch.Generator().manual_seed(2)
+    b = batch(n)
+    del b["image"]
+    corners = torch.rand(n, m, 2, generator=g) * 0.5
+    return dict(b, features=torch.rand(n, m, dim, generator=g), boxes=torch.cat([corners, corners + 0.3], -1),
+                feature_mask=torch.ones(n, m, dtype=torch.long))
+
+
+def test_regions_are_the_objects_and_padded_regions_join_no_pair():
+    model = tiny(feature_dim=7, object_encoder_sizes=[9]).eval()
+    assert model.image_encoder is None and model.shard_units() == [model.relation]
+    b = region_batch()
+    objects = model.objects(b)
+    assert objects.shape == (3, 4, 7 + 5)  # features, then x1, y1, x2, y2 and the area
+    torch.testing.assert_close(objects[..., 7:11], b["boxes"])
+    scores = model(b)["scores"]
+    padded = dict(b, features=torch.cat([b["features"], torch.randn(3, 2, 7)], 1),
+                  boxes=torch.cat([b["boxes"], torch.rand(3, 2, 4)], 1),
+                  feature_mask=torch.cat([b["feature_mask"], torch.zeros(3, 2, dtype=torch.long)], 1))
+    torch.testing.assert_close(model(padded)["scores"], scores, rtol=1e-4, atol=1e-5)
+    shuffled = dict(b, features=b["features"].flip(1), boxes=b["boxes"].flip(1))
+    torch.testing.assert_close(model(shuffled)["scores"], scores, rtol=1e-4, atol=1e-5)  # a set, not a sequence
+    with pytest.raises(UserError, match="feature_dim"):
+        model(dict(b, features=torch.rand(3, 4, 5)))
+    with pytest.raises(UserError, match="boxes"):
+        model({k: v for k, v in b.items() if k != "boxes"})

@@ -133,12 +133,41 @@ def generate_split(num_images: int, questions_per_image: int, seed: int, size: i
     return {"images": images, "centers": centers, "shapes": shapes}, questions
 
 
+def object_regions(images: np.ndarray, centers: np.ndarray, obj: int, background: int,
+                   seed: int) -> dict[str, np.ndarray]:
+    """Each object as a region cut at the generator's own boxes: an oracle detector.
+
+    ``features`` N x 6 x (2*obj+3)^2*3 uint8 (the pixels of a square around each centre, one
+    pixel wider than the object, so the crop shows its corners or their absence but never a
+    neighbour), ``boxes`` N x 6 x 4 float32 (the object's x1, y1, x2, y2 in [0, 1]). The six
+    regions come in a random order per image (seeded), not in colour order, which would tell a
+    model which object is which without looking at it.
+    """
+    n, size = images.shape[0], images.shape[1]
+    half = obj + 1
+    padded = np.pad(images, ((0, 0), (half, half), (half, half), (0, 0)), constant_values=background)
+    order = np.argsort(np.random.default_rng(seed).random((n, centers.shape[1])), axis=1)
+    xy = np.take_along_axis(centers, order[..., None], axis=1)  # N x 6 x 2, shuffled
+    side = 2 * half + 1
+    offsets = np.arange(side)
+    rows = (xy[..., 1, None] + offsets)[:, :, :, None]  # padded coordinates: centre - half + half
+    cols = (xy[..., 0, None] + offsets)[:, :, None, :]
+    crops = padded[np.arange(n)[:, None, None, None], rows, cols]  # N x 6 x side x side x 3
+    boxes = np.concatenate([xy - obj, xy + obj + 1], axis=-1).astype(np.float32) / size
+    return {"features": crops.reshape(n, centers.shape[1], -1), "boxes": boxes}
+
+
 class SortOfClevrDataset(Dataset):
-    """One split: items are dicts of a normalised image, question tokens and the answer index."""
+    """One split: items are dicts of a normalised image (or object regions), question tokens and the answer.
+
+    With ``regions`` (see :func:`object_regions`) an item has ``features`` (6 x D, pixels in
+    [0, 1]), ``boxes`` (6 x 4) and ``feature_mask`` (6) instead of ``image``.
+    """
 
     def __init__(self, images: np.ndarray, questions: list[dict[str, Any]], text_processor,
-                 mean: list[float], std: list[float]):
-        self.images = torch.from_numpy(images).permute(0, 3, 1, 2).contiguous()  # uint8 NxCxHxW
+                 mean: list[float], std: list[float], regions: dict[str, np.ndarray] | None = None):
+        self.images = None if regions else torch.from_numpy(images).permute(0, 3, 1, 2).contiguous()  # uint8
+        self.regions = None if not regions else {k: torch.from_numpy(v) for k, v in regions.items()}
         self.questions = questions
         self.text_processor = text_processor
         std_t = torch.tensor(std, dtype=torch.float32).view(3, 1, 1)
@@ -148,9 +177,17 @@ class SortOfClevrDataset(Dataset):
     def __len__(self) -> int:
         return len(self.questions)
 
+    def visual(self, image: int) -> dict[str, Any]:
+        """The image's pixels, normalised, or its object regions."""
+        if self.regions is None:
+            return {"image": self.images[image].float() * self.scale + self.shift}
+        feats = self.regions["features"][image]
+        return {"features": feats.float() / 255.0, "boxes": self.regions["boxes"][image],
+                "feature_mask": torch.ones(feats.shape[0], dtype=torch.long)}
+
     def __getitem__(self, index: int) -> dict[str, Any]:
         q = self.questions[index]
-        item: dict[str, Any] = {"image": self.images[q["image"]].float() * self.scale + self.shift}
+        item: dict[str, Any] = self.visual(q["image"])
         item.update(self.text_processor(q["question"]))
         item.update(targets=q["answer"], question_family=int(q["type"] >= 3), question_type=q["type"],
                     id=q["id"], image_id=q["image"])
@@ -174,6 +211,10 @@ class SortOfClevrBuilder(DatasetBuilder):
             "image_size": int(get("image_size", 75)), "object_size": int(get("object_size", 5)),
             "background": str(get("background", "white")), "version": GENERATOR_VERSION,
         }
+        self.regions = get("regions", None)
+        if self.regions not in (None, "crops"):
+            raise UserError(f"sort_of_clevr: regions={self.regions!r}; use null (pixels) or 'crops' (object regions "
+                            "cut at the generator's boxes).")
         self._check_params()
         self.mean = list(get("mean", [0.5, 0.5, 0.5]))
         self.std = list(get("std", [0.5, 0.5, 0.5]))
@@ -252,8 +293,13 @@ class SortOfClevrBuilder(DatasetBuilder):
     def build(self, split: str) -> Dataset:
         questions = self.questions(split)
         with np.load(self._require(f"{split}.npz"), allow_pickle=False) as arrays:
-            images = arrays["images"]
-        return SortOfClevrDataset(images, questions, self.text_processor, self.mean, self.std)
+            images, centers = arrays["images"], arrays["centers"]
+        regions = None
+        if self.regions == "crops":
+            p = self.params
+            regions = object_regions(images, centers, p["object_size"], 255 if p["background"] == "white" else 0,
+                                     seed=p["seed"] * 3 + SPLITS.index(split) + 1000)
+        return SortOfClevrDataset(images, questions, self.text_processor, self.mean, self.std, regions)
 
     def scenes(self, split: str) -> dict[str, np.ndarray]:
         """``split``'s object centres (N x 6 x 2, (x, y) in pixels) and shapes (N x 6), e.g. for probes."""
@@ -261,12 +307,16 @@ class SortOfClevrBuilder(DatasetBuilder):
             return {"centers": arrays["centers"], "shapes": arrays["shapes"]}
 
     def model_info(self) -> dict[str, int]:
-        """Values the model config leaves null: ``vocab_size`` and ``num_labels`` (no files needed)."""
+        """Values the model config leaves null: ``vocab_size``, ``num_labels`` and, with regions,
+        ``feature_dim`` (no files needed)."""
         if self._processor is None and self._tokenizer_spec()[1].get("tokenizer_path") is None:
             vocab_size = len(SPECIAL_TOKENS) + len(words_of(all_questions()))  # what prepare() writes
         else:
             vocab_size = int(self.text_processor.vocab_size)
-        return {"vocab_size": vocab_size, "num_labels": len(ANSWERS)}
+        info = {"vocab_size": vocab_size, "num_labels": len(ANSWERS)}
+        if self.regions == "crops":  # the width of the served region features
+            info["feature_dim"] = (2 * self.params["object_size"] + 3) ** 2 * 3
+        return info
 
     def prior_answers(self) -> dict[int, int]:
         """Most frequent training answer per question type (ties go to the lower answer index)."""
