@@ -94,7 +94,7 @@ class PairwiseRelation(nn.Module):
 class ObjectEncoder(nn.Module):
     """An MLP applied to every object before the pairs (no layers: the identity, as in the paper).
 
-    With ``cond_dim`` each layer is FiLM-ed by the question vector, ``relu((W o + b) * (1 + gamma(q))
+    With ``cond_dim`` each layer is FiLM-ed by the question (the LSTM state and the mean word embedding), ``relu((W o + b) * (1 + gamma(q))
     + beta(q))`` (gamma, beta start at 0): a product of question and object features, so "is this
     the object the question names" is one layer away instead of a three-way interaction that g has
     to discover through ReLU thresholds.
@@ -125,6 +125,15 @@ class ObjectEncoder(nn.Module):
         return h
 
 
+def crop_side(feature_dim: int) -> int:
+    """The side of the square RGB crops that ``feature_dim`` flattens (side * side * 3)."""
+    side = round((feature_dim / 3) ** 0.5)
+    if side * side * 3 != feature_dim:
+        raise UserError(f"relation_network: crop_encoder reads the region features as square RGB crops, but "
+                        f"feature_dim={feature_dim} is not 3 * side^2; set crop_encoder: false.")
+    return side
+
+
 @register_model("relation_network")
 class RelationNetwork(BaseModel):
     """CNN cells + coordinates -> all pairs with the question through g, summed -> f -> scores."""
@@ -141,21 +150,22 @@ class RelationNetwork(BaseModel):
         q = dict(cfg.get("question_encoder") or {})
         word_dim, question_dim = int(q.get("word_dim", 32)), int(q.get("hidden_size", 128))
         self.feature_dim = int(cfg["feature_dim"]) if cfg.get("feature_dim") else None
+        self.crop_side = crop_side(self.feature_dim) if self.feature_dim and cfg.get("crop_encoder") else None
         self.image_encoder: nn.Module | None = None
-        if self.feature_dim:  # region features + box features are the objects
+        if self.feature_dim and not self.crop_side:  # region features + box features are the objects
             object_dim = self.feature_dim + BOX_DIM
         else:
             encoder_spec = dict(cfg.get("image_encoder") or {"type": "cnn"})
-            if encoder_spec.get("type") == "film_cnn":  # conditioned on the question vector q
-                encoder_spec["params"] = {**dict(encoder_spec.get("params") or {}), "cond_dim": question_dim}
+            if encoder_spec.get("type") == "film_cnn":  # conditioned on the question (see condition())
+                encoder_spec["params"] = {**dict(encoder_spec.get("params") or {}), "cond_dim": question_dim + word_dim}
             self.image_encoder = build_image_encoder(encoder_spec)
-            object_dim = int(self.image_encoder.out_dim) + 2
+            object_dim = int(self.image_encoder.out_dim) + (BOX_DIM if self.crop_side else 2)
         self.word_embeddings = nn.Embedding(int(cfg["vocab_size"]), word_dim, padding_idx=0)
         self.question_lstm = nn.LSTM(word_dim, question_dim, batch_first=True)
         with torch.no_grad():  # gates i, f, g, o: a forget bias keeps early words (the colour) in the last state
             self.question_lstm.bias_ih_l0[question_dim:2 * question_dim] += float(q.get("forget_bias", 0.0))
         self.object_encoder = ObjectEncoder(object_dim, [int(w) for w in cfg.get("object_encoder_sizes") or []],
-                                            question_dim if cfg.get("object_encoder_film") else None)
+                                            question_dim + word_dim if cfg.get("object_encoder_film") else None)
         object_dim = self.object_encoder.out_dim
         self.relation = PairwiseRelation(object_dim, question_dim,
                                          [int(w) for w in cfg.get("g_hidden_sizes") or [256, 256, 256, 256]],
@@ -179,32 +189,53 @@ class RelationNetwork(BaseModel):
         last = (mask.long().sum(1) - 1).clamp(min=0)
         return outputs.gather(1, last.view(-1, 1, 1).expand(-1, 1, outputs.shape[-1])).squeeze(1)
 
+    def condition(self, batch: dict[str, Any], question: torch.Tensor) -> torch.Tensor:
+        """What FiLM layers read: the LSTM state and the mean word embedding (every word, the colour
+        included, one linear step away, however far from the end of the question it stands)."""
+        words = self.word_embeddings(batch["input_ids"])
+        mask = batch.get("attention_mask")
+        m = (torch.ones_like(batch["input_ids"]) if mask is None else mask).unsqueeze(-1).to(words.dtype)
+        return torch.cat([question, (words * m).sum(1) / m.sum(1).clamp(min=1)], dim=-1)
+
     def objects(self, batch: dict[str, Any], question: torch.Tensor | None = None) -> torch.Tensor:
         """``B x HW x (C + 2)``: the feature-map cells with their coordinates appended; with
-        ``feature_dim`` set, ``B x M x (F + 5)``: each region's features with its box features.
+        ``feature_dim`` set, ``B x M x (F + 5)``: each region's features (or, with ``crop_encoder``,
+        the image encoder's mean over the region's pixels, C wide) with its box features.
 
-        A question-conditioned encoder (``film_cnn``) also gets the question vector.
+        A question-conditioned encoder (``film_cnn``) also gets the question (:meth:`condition`).
         """
-        if self.image_encoder is None:
+        if self.feature_dim:
             feats, _, boxes = region_inputs(batch, int(self.feature_dim), "relation_network")
             if boxes is None:
                 raise UserError("relation_network: region features need their boxes (batch['boxes']): the boxes "
                                 "are the objects' positions.")
+            if self.crop_side:
+                b, m, _ = feats.shape
+                crops = feats.view(b * m, self.crop_side, self.crop_side, 3).permute(0, 3, 1, 2)
+                cond = self._condition_of(batch, question)
+                grid = self._encode(crops, None if cond is None else cond.repeat_interleave(m, dim=0))
+                feats = grid.mean(dim=(2, 3)).view(b, m, -1)
             return torch.cat([feats, boxes], dim=-1)
         image = require_image(batch, "relation_network")
-        if getattr(self.image_encoder, "conditioned", False):
-            grid = self.image_encoder(image, self.encode_question(batch) if question is None else question)
-        else:
-            grid = self.image_encoder(image)
+        grid = self._encode(image, self._condition_of(batch, question))
         b, _, h, w = grid.shape
         cells = grid.flatten(2).transpose(1, 2)
         coords = cell_coordinates(h, w, cells.device, cells.dtype).expand(b, -1, -1)
         return torch.cat([cells, coords], dim=-1)
 
+    def _condition_of(self, batch: dict[str, Any], question: torch.Tensor | None) -> torch.Tensor | None:
+        if not getattr(self.image_encoder, "conditioned", False):
+            return None
+        return self.condition(batch, self.encode_question(batch) if question is None else question)
+
+    def _encode(self, images: torch.Tensor, cond: torch.Tensor | None) -> torch.Tensor:
+        return self.image_encoder(images) if cond is None else self.image_encoder(images, cond)
+
     def forward(self, batch: dict[str, Any]) -> dict[str, Any]:
         question = self.encode_question(batch)
-        objects = self.object_encoder(self.objects(batch, question), question)
-        mask = batch.get("feature_mask") if self.image_encoder is None else None
+        film_input = self.condition(batch, question) if len(self.object_encoder.films) else question
+        objects = self.object_encoder(self.objects(batch, question), film_input)
+        mask = batch.get("feature_mask") if self.feature_dim else None
         relation = self.relation(objects, question.to(objects.dtype), mask)
         return {"scores": self.f(relation)}
 

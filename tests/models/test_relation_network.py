@@ -15,6 +15,7 @@ from mmvl.models.relation_network import PairwiseRelation, RelationNetwork, cell
 from mmvl.registry import MODELS
 
 TINY_YAML = Path(__file__).parent / "tiny" / "relation_network.yaml"
+RN_PROJECT = Path(__file__).parents[2] / "projects" / "relation_network" / "configs" / "sort_of_clevr" / "defaults.yaml"
 TINY = {"vocab_size": 20, "num_labels": 5, "f_dropout": 0.0, "g_hidden_sizes": [16, 12], "f_hidden_sizes": [8],
         "question_encoder": {"word_dim": 6, "hidden_size": 10},
         "image_encoder": {"type": "cnn", "params": {"channels": [8, 8], "strides": [4, 4], "coords": False}}}
@@ -113,7 +114,7 @@ def test_gradient_checkpointing_gives_the_same_gradients():
 def test_film_encoder_hears_the_question():
     model = tiny(image_encoder={"type": "film_cnn", "params": {"pixel_layer": False, "film_layers": [1],
                                                                "channels": [8, 8], "strides": [4, 4]}}).eval()
-    assert model.image_encoder.cond_norm.normalized_shape == (10,)  # the question vector's width
+    assert model.image_encoder.cond_norm.normalized_shape == (10 + 6,)  # the LSTM state and the mean word embedding
     for film in model.image_encoder.layer_films.values():
         torch.nn.init.normal_(film.weight, std=0.5)
     b = batch()
@@ -171,3 +172,46 @@ def test_regions_are_the_objects_and_padded_regions_join_no_pair():
         model(dict(b, features=torch.rand(3, 4, 5)))
     with pytest.raises(UserError, match="boxes"):
         model({k: v for k, v in b.items() if k != "boxes"})
+
+
+def relational_losses(steps: int, tmp_path) -> tuple[float, float]:
+    """Train the project config's relation_network over regions for ``steps`` updates on a small
+    Sort-of-CLEVR; return the held-out cross-entropy on relational questions and that of the prior
+    (each question type's training answer frequencies: the best a model blind to the image can do)."""
+    from mmvl.build import build_datasets, build_model
+    from mmvl.config import load_config
+    from mmvl.data.sample import collate
+
+    config = load_config([f"config={RN_PROJECT}", f"env.data_dir={tmp_path}", "training.seed=0",
+                          "dataset_config.sort_of_clevr.num_images=600", "dataset_config.sort_of_clevr.num_val_images=60"])
+    builder = build_datasets(config)["sort_of_clevr"]
+    builder.prepare()
+    train, val = builder.build("train"), builder.build("val")
+    torch.manual_seed(0)
+    model = build_model(config, {"sort_of_clevr": builder}).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    order = torch.randperm(len(train), generator=torch.Generator().manual_seed(0))
+    for step in range(steps):
+        rows = order[(step * 32) % len(train):][:32].tolist()
+        batch = collate([train[i] for i in rows])
+        loss = nn.functional.cross_entropy(model(batch)["scores"], batch["targets"])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    counts = torch.ones(6, 10)  # add-one smoothing keeps the prior's loss finite
+    for q in builder.questions("train"):
+        counts[q["type"], q["answer"]] += 1
+    prior = (counts / counts.sum(1, keepdim=True)).log()
+    batch = collate([val[i] for i in range(len(val))])
+    relational = batch["question_family"] == 1
+    with torch.no_grad():
+        scores = model.eval()(batch)["scores"][relational]
+    targets, types = batch["targets"][relational], batch["question_type"][relational]
+    model_loss = nn.functional.cross_entropy(scores, targets).item()
+    prior_loss = -prior[types, targets].mean().item()
+    return model_loss, prior_loss
+
+
+def test_relational_loss_falls_below_the_priors(tmp_path):
+    model_loss, prior_loss = relational_losses(400, tmp_path)
+    assert model_loss < prior_loss - 0.05, (model_loss, prior_loss)
