@@ -57,11 +57,11 @@ def main(argv: list[str]) -> int:
     from mmvl.checkpoint import load_model_state, safe_load
     from mmvl.config import load_config
     from mmvl.models.probe import collect_outputs, probe_objects
-    from mmvl.utils.rng import seed_all
+    from mmvl.utils.rng import seed_everything
 
     save = Path(args.save_dir)
     config = load_config([f"config={save / 'config.yaml'}", *overrides])
-    seed_all(int(config.training.seed))  # as the Trainer does: --checkpoint none is the run's init
+    seed_everything(int(config.training.seed))  # as the Trainer does: --checkpoint none is the run's init
     builders = build_datasets(config)
     builder = builders["sort_of_clevr"]
     builder.prepare()
