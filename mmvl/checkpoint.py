@@ -69,14 +69,20 @@ def atomic_save(obj: Mapping[str, Any], path: str | os.PathLike) -> Path:
     """``torch.save`` to a temp file beside ``path``, fsync, then rename over it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    return _atomic_write(path, "wb", lambda f: torch.save(obj, f))
+    return atomic_write(path, "wb", lambda f: torch.save(obj, f))
 
 
-def _atomic_write(path: Path, mode: str, write: Any) -> Path:
-    """``write(f)`` into a temp file beside ``path``, fsync, rename over ``path``, fsync the folder."""
+def atomic_write(path: str | os.PathLike, mode: str, write: Any) -> Path:
+    """``write(f)`` into a temp file beside ``path``, fsync, rename over ``path``, fsync the folder.
+
+    The one atomic writer: checkpoints, markers, ``config.yaml`` and predictions all
+    go through it, so a crash leaves either the old file or the new one, never half.
+    ``mode`` is ``"wb"`` or ``"w"`` (text is UTF-8).
+    """
+    path = Path(path)
     tmp = _temp_path(path)
     try:
-        with open(tmp, mode) as f:
+        with open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
@@ -349,7 +355,7 @@ def mark_sharded_complete(directory: str | os.PathLike, **info: Any) -> Path:
     directory = Path(directory)
     files = {p.name: p.stat().st_size for p in sorted(directory.iterdir())
              if p.is_file() and p.name != SHARDED_MARKER and not _TEMP.match(p.name)}
-    return _atomic_write(directory / SHARDED_MARKER, "w", lambda f: json.dump({**info, "files": files}, f))
+    return atomic_write(directory / SHARDED_MARKER, "w", lambda f: json.dump({**info, "files": files}, f))
 
 
 def sharded_problem(directory: str | os.PathLike) -> str | None:

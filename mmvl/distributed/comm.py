@@ -36,6 +36,51 @@ def _comm_device() -> torch.device:
     return torch.device("cpu")
 
 
+_OPS = {"sum": "SUM", "max": "MAX", "min": "MIN", "product": "PRODUCT"}
+
+
+def all_reduce(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+    """A new tensor: ``tensor`` reduced over all ranks with ``op`` (sum, max, min, product),
+    on ``tensor``'s device. No-op (the same tensor) at world size 1."""
+    if get_world_size() == 1:
+        return tensor
+    out = tensor.to(_comm_device(), copy=True)
+    dist.all_reduce(out, op=getattr(dist.ReduceOp, _OPS[op]))
+    return out.to(tensor.device)
+
+
+class AsyncMax:
+    """The maximum of one small integer over all ranks, started now and read later.
+
+    The all-reduce runs on the communication device (CUDA under NCCL) without the caller
+    waiting; on CUDA its result is copied to pinned host memory behind an event. ``result()``
+    waits only for that (usually long finished) work, so a loop that starts one every N
+    updates and reads it N updates later never stalls the device in between, and every
+    rank reads the same value at the same update.
+    """
+
+    def __init__(self, value: int):
+        device = _comm_device() if get_world_size() > 1 else torch.device("cpu")
+        self._flag = torch.full((1,), int(value), dtype=torch.int32, device=device)
+        self._work = dist.all_reduce(self._flag, op=dist.ReduceOp.MAX, async_op=True) \
+            if get_world_size() > 1 else None
+        self._event = None
+        if device.type == "cuda":
+            self._work.wait()  # on CUDA: the current stream waits for the collective, the host does not
+            host = torch.empty(1, dtype=torch.int32, pin_memory=True)
+            host.copy_(self._flag, non_blocking=True)
+            self._flag, self._work = host, None
+            self._event = torch.cuda.Event()
+            self._event.record()
+
+    def result(self) -> int:
+        if self._event is not None:
+            self._event.synchronize()
+        elif self._work is not None:
+            self._work.wait()
+        return int(self._flag.numpy()[0])  # host memory: reading it is no device sync
+
+
 def synchronize() -> None:
     if get_world_size() > 1:
         dist.barrier()

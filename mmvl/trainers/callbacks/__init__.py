@@ -8,15 +8,16 @@ from mmvl.trainers.callbacks.checkpoint import CheckpointCallback
 from mmvl.trainers.callbacks.early_stop import EarlyStopCallback
 from mmvl.trainers.callbacks.evaluation import EvaluationCallback
 from mmvl.trainers.callbacks.logging import LoggingCallback
-from mmvl.trainers.callbacks.lr import LRSchedulerCallback
 from mmvl.trainers.callbacks.preemption import PreemptionCallback
+from mmvl.trainers.callbacks.profiler import ProfilerCallback
 
 __all__ = ["Callback", "CheckpointCallback", "EarlyStopCallback", "EvaluationCallback",
-           "LoggingCallback", "LRSchedulerCallback", "PreemptionCallback", "default_callbacks"]
+           "LoggingCallback", "PreemptionCallback", "ProfilerCallback", "default_callbacks"]
 
 
 def default_callbacks(trainer: Any) -> list[Callback]:
-    """LR first (it records the LR used), then logging, evaluation, early stop, checkpoint,
-    and preemption last (it saves through the checkpoint callback)."""
-    return [LRSchedulerCallback(trainer), LoggingCallback(trainer), EvaluationCallback(trainer),
+    """Profiler first (its window starts before anything else of an update), then logging,
+    evaluation, early stop (sets ``is_best``), checkpoint (reads it), and preemption last
+    (it stops after this update's checkpoint)."""
+    return [ProfilerCallback(trainer), LoggingCallback(trainer), EvaluationCallback(trainer),
             EarlyStopCallback(trainer), CheckpointCallback(trainer), PreemptionCallback(trainer)]
