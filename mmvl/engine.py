@@ -19,6 +19,7 @@ implementation of precision, accumulation and strategy handling.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from typing import Any, Iterator
 
 import torch
@@ -122,7 +123,9 @@ class PreparedScheduler:
             if not bool(skipped):
                 self.scheduler.step()
         else:
-            self.scheduler.step()
+            with warnings.catch_warnings():  # torch warns when the scaler skipped the optimizer's step
+                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)` before")
+                self.scheduler.step()
             self._skipped = skipped.int() if self._skipped is None else self._skipped + skipped
 
     def settle(self) -> None:

@@ -32,7 +32,8 @@ class PreemptionCallback(Callback):
         super().__init__(trainer)
         self.received: int | None = None
         self._previous: dict[int, Any] = {}
-        self.interval = int(trainer.config.training.get("preemption_check_interval") or 1)
+        interval = trainer.config.training.get("preemption_check_interval")
+        self.interval = 1 if interval is None else int(interval)
         if self.interval < 1:
             raise UserError(f"training.preemption_check_interval={self.interval} must be >= 1 (updates "
                             "between two checks of a preemption signal across the ranks).")

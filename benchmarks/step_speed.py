@@ -1,0 +1,421 @@
+"""Time per update of one model under a plain PyTorch loop, mmvl's Engine, mmvl's Trainer,
+Accelerate and Lightning: same model, data, optimizer and precision, one process.
+
+    python benchmarks/step_speed.py --preset small            # CPU, 2-layer h256
+    python benchmarks/step_speed.py --preset base --compile   # GPU, BERT-base, batch 128, bf16
+
+The model is the registered ``visual_bert`` on region features (``feature_dim: 2048``,
+boxes, a 3,129-answer VQA head with ``logit_bce``); the data are synthetic region
+features (fp16) and token ids held in host memory and served through a DataLoader, the
+way real batches arrive. Every variant trains with AdamW (fused on CUDA) and a linear
+warm-up schedule; the variants run alternately (``--repeats`` rounds), each for
+``--warmup`` untimed updates and then ``--updates`` timed ones, and the median per
+variant is reported: ms/update, samples/s, MFU (FLOPs of one update counted once with
+``torch.utils.flop_counter``; peak FLOP/s from mmvl's table of GPUs or ``--peak-tflops``)
+and the ratio to the plain loop. The mmvl Trainer runs with its default callbacks
+(logging every ``training.log_interval``, checkpoint and preemption checks); Accelerate and
+Lightning come from the optional ``bench`` extra (``pip install -e ".[bench]"``) and are
+skipped with a note when missing. Lightning runs without logger, checkpointing, progress
+bar and model summary (none of them is part of an update).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import os
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any, Callable
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+VARIANTS = ("plain", "engine", "trainer", "accelerate", "lightning")
+PRESETS: dict[str, dict[str, Any]] = {
+    # CPU, seconds: what CI runs
+    "tiny": dict(hidden=32, layers=1, heads=2, intermediate=64, batch=8, text=(6, 10), regions=4, answers=16,
+                 vocab=100, samples=64, warmup=2, updates=3, repeats=1, device="cpu", precision="fp32",
+                 workers=0),
+    # CPU, a 2-layer h256 model: the Trainer's per-update overhead against the plain loop
+    "small": dict(hidden=256, layers=2, heads=4, intermediate=1024, batch=32, text=(14, 20), regions=36,
+                  answers=3129, vocab=30522, samples=512, warmup=5, updates=20, repeats=3, device="cpu",
+                  precision="fp32", workers=0),
+    # one GPU, BERT-base on VQA-sized inputs (20-48 text tokens, 100 regions)
+    "base": dict(hidden=768, layers=12, heads=12, intermediate=3072, batch=128, text=(20, 48), regions=100,
+                 answers=3129, vocab=30522, samples=4096, warmup=10, updates=40, repeats=3, device="cuda",
+                 precision="bf16", workers=4),
+}
+DATASET = "step_speed_synthetic"
+LR, WARMUP_STEPS, TRAINING_STEPS = 5e-5, 1000, 100_000  # the schedule of a long run (still warming up here)
+
+
+# -- data ----------------------------------------------------------------------------------------
+class SyntheticRegions(torch.utils.data.Dataset):
+    """Region features (fp16), boxes, token ids of varying length and one answer per sample."""
+
+    def __init__(self, p: dict[str, Any], seed: int = 0):
+        g = torch.Generator().manual_seed(seed)
+        n, m, (short, long) = p["samples"], p["regions"], p["text"]
+        self.features = torch.randn(n, m, 2048, generator=g).to(torch.float16)
+        xy = torch.rand(n, m, 2, generator=g) * 0.5
+        self.boxes = torch.cat([xy, xy + 0.1 + torch.rand(n, m, 2, generator=g) * 0.4], dim=-1)
+        self.lengths = torch.randint(short, long + 1, (n,), generator=g).tolist()
+        self.ids = torch.randint(5, p["vocab"], (n, long), generator=g)
+        self.answers = torch.randint(0, p["answers"], (n,), generator=g).tolist()
+        self.num_answers = p["answers"]
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        ids = self.ids[i, : self.lengths[i]]
+        targets = torch.zeros(self.num_answers)
+        targets[self.answers[i]] = 1.0
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids),
+                "features": self.features[i], "boxes": self.boxes[i],
+                "feature_mask": torch.ones(self.features.shape[1], dtype=torch.long), "targets": targets, "id": i}
+
+
+def collate(items: list[dict[str, Any]]) -> dict[str, Any]:
+    from mmvl.data.sample import collate as mmvl_collate
+
+    return mmvl_collate(items)
+
+
+def register_dataset(p: dict[str, Any]) -> None:
+    """The synthetic data as a registered dataset, so the Trainer builds it like any other."""
+    from mmvl import registry
+    from mmvl.data.base import DatasetBuilder
+
+    class SyntheticBuilder(DatasetBuilder):
+        def build(self, split: str) -> SyntheticRegions:
+            return SyntheticRegions(p)
+
+        def model_info(self) -> dict[str, int]:
+            return {"num_labels": p["answers"], "vocab_size": p["vocab"]}
+
+    if DATASET in registry.DATASETS:
+        registry.DATASETS.unregister(DATASET)  # re-registered per preset
+    registry.DATASETS.register(DATASET, SyntheticBuilder)
+
+
+def loader(p: dict[str, Any], device: torch.device) -> torch.utils.data.DataLoader:
+    return torch.utils.data.DataLoader(
+        SyntheticRegions(p), batch_size=p["batch"], shuffle=True, drop_last=True, collate_fn=collate,
+        num_workers=p["workers"], pin_memory=device.type == "cuda", persistent_workers=p["workers"] > 0,
+        generator=torch.Generator().manual_seed(0))
+
+
+def forever(data: Any):
+    while True:
+        yield from data
+
+
+# -- model, optimizer, config ------------------------------------------------------------------------
+def model_options(p: dict[str, Any]) -> dict[str, Any]:
+    return {"feature_dim": 2048, "hidden_size": p["hidden"], "num_hidden_layers": p["layers"],
+            "num_attention_heads": p["heads"], "intermediate_size": p["intermediate"],
+            "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1, "vocab_size": p["vocab"],
+            "num_labels": p["answers"], "max_position_embeddings": 512}
+
+
+def config(p: dict[str, Any], args: argparse.Namespace, save_dir: str, updates: int):
+    from mmvl.config import load_config
+
+    opts = ["model=visual_bert", f"datasets={DATASET}", f"env.save_dir={save_dir}",
+            f"env.data_dir={save_dir}", "run_type=train", f"training.max_updates={updates}",
+            f"training.batch_size={p['batch']}", f"training.num_workers={p['workers']}",
+            f"training.precision={args.precision}", f"training.device={args.device}",
+            f"training.compile={str(args.compile).lower()}", "training.checkpoint_interval=0",
+            f"training.pin_memory={str(args.device.startswith('cuda')).lower()}",
+            f"optimizer.params.lr={LR}", f"scheduler.params.num_warmup_steps={WARMUP_STEPS}",
+            f"scheduler.params.num_training_steps={TRAINING_STEPS}",
+            "model_config.visual_bert.losses=[{type: logit_bce}]"]
+    opts += [f"model_config.visual_bert.{k}={v}" for k, v in model_options(p).items()]
+    cfg = load_config(opts)
+    if args.no_prefetch and "prefetch" in cfg.training:
+        cfg.training.prefetch = False
+    return cfg
+
+
+def new_model(p: dict[str, Any]) -> torch.nn.Module:
+    from omegaconf import OmegaConf
+
+    from mmvl.models import VisualBert
+
+    torch.manual_seed(0)
+    return VisualBert(OmegaConf.create({**model_options(p), "losses": [{"type": "logit_bce"}]}))
+
+
+def new_optimizer(model: torch.nn.Module, device: torch.device):
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01, fused=device.type == "cuda")
+    warmup = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, step / WARMUP_STEPS))
+    return optimizer, warmup
+
+
+def loss_of(scores: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """VQA's logit_bce (mmvl's registered loss): BCE summed over answers, averaged over the batch."""
+    return torch.nn.functional.binary_cross_entropy_with_logits(scores, targets.to(scores.dtype)) * targets.size(1)
+
+
+def autocast(device: torch.device, precision: str):
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    return torch.autocast(device.type, dtype=dtype) if dtype else contextlib.nullcontext()
+
+
+class Clock:
+    """Seconds from the end of update ``warmup`` to the end of update ``warmup + updates``."""
+
+    def __init__(self, device: torch.device, warmup: int, updates: int):
+        self.device, self.warmup, self.last = device, warmup, warmup + updates
+        self.start = self.end = 0.0
+
+    def tick(self, update: int) -> None:
+        if update in (self.warmup, self.last):
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            if update == self.warmup:
+                self.start = time.perf_counter()
+            else:
+                self.end = time.perf_counter()
+
+    @property
+    def seconds(self) -> float:
+        return self.end - self.start
+
+
+# -- the variants: each trains warmup + updates updates and returns the timed seconds ---------------------
+def run_plain(p, args, device, clock, tmp) -> float:
+    model = new_model(p).to(device)
+    if args.compile:
+        model = torch.compile(model)
+    optimizer, scheduler = new_optimizer(model, device)
+    scaler = torch.amp.GradScaler(device.type, enabled=args.precision == "fp16")
+    model.train()
+    batches = forever(loader(p, device))
+    for update in range(1, clock.last + 1):
+        batch = {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in next(batches).items()}
+        with autocast(device, args.precision):
+            loss = loss_of(model(batch)["scores"], batch["targets"])
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        scheduler.step()
+        clock.tick(update)
+    return clock.seconds
+
+
+def run_engine(p, args, device, clock, tmp) -> float:
+    from mmvl.distributed.env import DistEnv
+    from mmvl.engine import Engine
+
+    engine = Engine(config(p, args, tmp, clock.last), env=DistEnv(device=device))
+    model = new_model(p)
+    optimizer, scheduler = new_optimizer(model, device)
+    model, optimizer, data, scheduler = engine.prepare(model, optimizer, loader(p, device), scheduler)
+    model.train()
+    batches = forever(data)
+    for update in range(1, clock.last + 1):
+        batch = next(batches)
+        with engine.accumulate(model):
+            with engine.autocast():
+                loss = loss_of(model(batch)["scores"], batch["targets"])
+            engine.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            scheduler.step()
+        clock.tick(update)
+    return clock.seconds
+
+
+def run_trainer(p, args, device, clock, tmp) -> float:
+    from mmvl.data.sample import DevicePrefetcher
+    from mmvl.trainers import Trainer
+    from mmvl.trainers.callbacks import Callback
+
+    trainer = Trainer(config(p, args, tmp, clock.last))
+    if args.no_prefetch and isinstance(trainer.train_data, DevicePrefetcher):
+        trainer.train_data = trainer.train_data.source  # this checkout has no training.prefetch switch
+
+    class Tick(Callback):
+        def on_update_end(self, info):
+            clock.tick(trainer.update)
+
+    trainer.callbacks.append(Tick(trainer))  # last: the update's callbacks are part of its time
+    trainer.fit()
+    return clock.seconds
+
+
+def run_accelerate(p, args, device, clock, tmp) -> float:
+    from accelerate import Accelerator
+
+    accelerator = Accelerator(mixed_precision={"fp32": "no"}.get(args.precision, args.precision),
+                              cpu=device.type == "cpu")
+    model = new_model(p)
+    if args.compile:
+        model = torch.compile(model)
+    optimizer, scheduler = new_optimizer(model, device)
+    model, optimizer, data, scheduler = accelerator.prepare(model, optimizer, loader(p, device), scheduler)
+    model.train()
+    batches = forever(data)
+    for update in range(1, clock.last + 1):
+        batch = next(batches)
+        loss = loss_of(model(batch)["scores"], batch["targets"])
+        accelerator.backward(loss)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+        clock.tick(update)
+    return clock.seconds
+
+
+def run_lightning(p, args, device, clock, tmp) -> float:
+    import lightning as L
+
+    class Module(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = new_model(p)
+            if args.compile:
+                self.model = torch.compile(self.model)
+
+        def training_step(self, batch, batch_idx):
+            return loss_of(self.model(batch)["scores"], batch["targets"])
+
+        def configure_optimizers(self):
+            optimizer, scheduler = new_optimizer(self.model, device)
+            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    class Tick(L.Callback):
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            clock.tick(trainer.global_step)
+
+    precision = {"fp32": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixed"}[args.precision]
+    trainer = L.Trainer(accelerator="gpu" if device.type == "cuda" else "cpu", devices=1, precision=precision,
+                        max_steps=clock.last, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, callbacks=[Tick()], default_root_dir=tmp,
+                        num_sanity_val_steps=0, limit_val_batches=0)
+    trainer.fit(Module(), train_dataloaders=loader(p, device))
+    return clock.seconds
+
+
+RUNNERS: dict[str, Callable[..., float]] = {"plain": run_plain, "engine": run_engine, "trainer": run_trainer,
+                                            "accelerate": run_accelerate, "lightning": run_lightning}
+PACKAGES = {"accelerate": "accelerate", "lightning": "lightning"}
+
+
+# -- measuring and reporting --------------------------------------------------------------------------
+def flops_per_sample(p: dict[str, Any], args: argparse.Namespace, device: torch.device) -> float:
+    """Forward + backward FLOPs of one sample, counted once on one batch of the model (eager)."""
+    from mmvl.utils.flops import count_flops
+
+    model = new_model(p).to(device).train()
+    batch = collate([SyntheticRegions(p)[i] for i in range(p["batch"])])
+    batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
+
+    def update() -> None:
+        with autocast(device, args.precision):
+            loss = loss_of(model(batch)["scores"], batch["targets"])
+        loss.backward()
+
+    total = count_flops(update)
+    del model
+    return total / p["batch"]
+
+
+def available(variant: str) -> str | None:
+    """Why ``variant`` cannot run here (a missing optional package), or None."""
+    package = PACKAGES.get(variant)
+    if package is None:
+        return None
+    try:
+        __import__(package)
+    except ImportError:
+        return f"{package} is not installed (pip install -e \".[bench]\")"
+    return None
+
+
+def free(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="small")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of %(default)s")
+    parser.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: the preset's)")
+    parser.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default=None)
+    parser.add_argument("--warmup", type=int, default=None, help="untimed updates per run")
+    parser.add_argument("--updates", type=int, default=None, help="timed updates per run")
+    parser.add_argument("--repeats", type=int, default=None, help="alternating rounds (median reported)")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the model in every variant")
+    parser.add_argument("--no-prefetch", action="store_true",
+                        help="mmvl variants copy each batch when needed instead of one batch ahead (CUDA)")
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's)")
+    parser.add_argument("--peak-tflops", type=float, default=None, help="peak TFLOP/s of the device for MFU")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    p = dict(PRESETS[args.preset])
+    for key in ("warmup", "updates", "repeats", "precision", "device"):
+        if getattr(args, key) is not None:
+            p[key] = getattr(args, key)
+    args.precision, args.device = p["precision"], p["device"]
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error(f"--preset {args.preset} runs on CUDA but none is visible; use --device cpu")
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = sorted(set(variants) - set(VARIANTS))
+    if unknown or "plain" not in variants:
+        parser.error(f"--variants must include plain and name only {', '.join(VARIANTS)} (got {unknown or variants})")
+
+    import mmvl  # noqa: F401  (registers visual_bert and logit_bce)
+    from mmvl.utils.flops import mfu, peak_flops
+    from mmvl.utils.logger import setup_logging
+
+    register_dataset(p)
+    skipped = {v: why for v in variants if (why := available(v))}
+    variants = [v for v in variants if v not in skipped]
+    per_sample = flops_per_sample(p, args, device)
+    peak = peak_flops(device, args.precision, args.peak_tflops)
+    print(f"preset {args.preset}: visual_bert h{p['hidden']} x{p['layers']} layers, batch {p['batch']}, "
+          f"text {p['text'][0]}-{p['text'][1]} tokens, {p['regions']} regions x 2048, {p['answers']} answers; "
+          f"{device} {args.precision}{' compiled' if args.compile else ''}, {torch.get_num_threads()} CPU threads; "
+          f"{per_sample / 1e9:.2f} GFLOPs per sample (forward + backward); peak "
+          + (f"{peak / 1e12:.0f} TFLOP/s" if peak else "unknown (MFU n/a; --peak-tflops sets it)"), flush=True)
+    for v, why in skipped.items():
+        print(f"note: {v} skipped: {why}", flush=True)
+    if args.no_prefetch:
+        print("note: --no-prefetch: the Engine and Trainer copy each batch when it is needed", flush=True)
+
+    times: dict[str, list[float]] = {v: [] for v in variants}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(p["repeats"]):
+            for v in variants:
+                free(device)
+                setup_logging(None, 1)  # runs stay quiet: only warnings (the Trainer sets its own)
+                clock = Clock(device, p["warmup"], p["updates"])
+                seconds = RUNNERS[v](p, args, device, clock, os.path.join(tmp, f"{v}{r}"))
+                times[v].append(seconds / p["updates"])
+                print(f"round {r + 1}/{p['repeats']} {v:10s} {1000 * times[v][-1]:8.2f} ms/update",
+                      file=sys.stderr, flush=True)
+    medians = {v: statistics.median(t) for v, t in times.items()}
+    print(f"\nmedian of {p['repeats']} rounds, {p['updates']} timed updates each (after {p['warmup']} untimed):")
+    for v in variants:
+        sps = p["batch"] / medians[v]
+        util = mfu(per_sample, sps, peak)
+        shown = f"{100 * util:.1f}%" if util is not None else "n/a"
+        print(f"{v}: {1000 * medians[v]:.1f} ms/update, {sps:.0f} samples/s, MFU {shown}, "
+              f"{medians[v] / medians['plain']:.3f}x plain")
+    return medians
+
+
+if __name__ == "__main__":
+    main()
