@@ -30,8 +30,7 @@ from mmvl.distributed import comm
 from mmvl.distributed.env import DistEnv
 from mmvl.distributed.strategies.base import Strategy
 from mmvl.errors import UserError
-
-PRECISIONS = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
+from mmvl.utils.precision import compute_dtype
 
 
 class PreparedOptimizer:
@@ -162,9 +161,7 @@ class Engine:
         self.precision = precision or training.get("precision", "fp32")
         if training.get("fp16") and precision is None:
             self.precision = "fp16"
-        if self.precision not in PRECISIONS:
-            raise UserError(f"training.precision={self.precision!r} is not one of "
-                            f"{sorted(PRECISIONS)}; use fp32, fp16 or bf16.")
+        self._dtype = compute_dtype(self.precision)  # a UserError for an unknown name
         k = gradient_accumulation or training.get("gradient_accumulation", 1) or 1
         if int(k) < 1:
             raise UserError(f"training.gradient_accumulation={k} must be >= 1.")
@@ -255,7 +252,7 @@ class Engine:
             yield
 
     def autocast(self) -> contextlib.AbstractContextManager:
-        dtype = PRECISIONS[self.precision]
+        dtype = self._dtype
         if dtype is None:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=dtype)

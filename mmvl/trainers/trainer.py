@@ -34,7 +34,7 @@ from mmvl.optim import base_lr, build_optimizer, build_scheduler
 from mmvl.trainers.callbacks.checkpoint import resume, save_checkpoint
 from mmvl.trainers.finite import NonFiniteGuard, NonFiniteLossError
 from mmvl.utils.flops import FlopCount, batch_tokens
-from mmvl.utils.rng import get_rng_state, seed_all, set_rng_state
+from mmvl.utils.rng import get_rng_state, seed_everything, set_rng_state
 
 log = logging.getLogger("mmvl")
 
@@ -65,7 +65,7 @@ class Trainer:
         if self.env.is_main_process:
             _check_writable(str(config.env.save_dir))
         setup_logging(str(config.env.save_dir), self.env.rank)
-        seed_all(int(t.seed))  # identical model initialisation on every rank
+        seed_everything(int(t.seed))  # identical model initialisation on every rank
         self.engine = Engine(config, env=self.env)
         world = self.env.world_size
         if int(t.batch_size) % world:
@@ -82,7 +82,7 @@ class Trainer:
         self.metrics = {name: build_metrics(list(b.config.get("metrics") or [])
                                             + list(config.evaluation.get("metrics") or []))
                         for name, b in self.builders.items()}
-        seed_all(int(t.seed) + self.env.rank)  # per-rank randomness from here on
+        seed_everything(int(t.seed), self.env.rank)  # per-rank randomness from here on
         self.train_data = self._train_stream() if "train" in config.run_type else None
         self.update = 0
         self.max_updates = self._max_updates()

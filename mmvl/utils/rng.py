@@ -35,7 +35,14 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
-def seed_all(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % (2**32))
-    torch.manual_seed(seed)
+def seed_everything(seed: int, rank: int = 0) -> int:
+    """Seed Python, NumPy and torch (every device) with ``seed + rank``; returns the value used.
+
+    ``rank=0`` on every rank gives identical model initialisation; the rank
+    added afterwards gives each rank its own dropout and augmentation draws.
+    """
+    value = (int(seed) + int(rank)) % 2**32
+    random.seed(value)
+    np.random.seed(value)
+    torch.manual_seed(value)
+    return value

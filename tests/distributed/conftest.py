@@ -51,3 +51,11 @@ def dist_group(references, tmp_path_factory):
     ckpts = {m: r["world1_ckpt"] for m, r in references.items()}
     ranks = dist_launch.launch(run_all, world_size=2, args=(ckpts, workdir), timeout=GROUP_TIMEOUT_S)
     return {"workdir": workdir, "ranks": ranks}
+
+
+def pytest_generate_tests(metafunc):
+    """``key``: the ``distributed.*`` keys the class's strategy honours (``dist_checks.KEYS``)."""
+    if "key" in metafunc.fixturenames and getattr(metafunc.cls, "strategy", None):
+        from dist_checks import KEYS
+
+        metafunc.parametrize("key", KEYS.get(metafunc.cls.strategy, ()))

@@ -36,6 +36,32 @@ def test_auto_resolution(config, env, want):
     assert resolve_strategy_name(config, env) == want
 
 
+@pytest.mark.parametrize("strategy,world,want", [
+    ("auto", 1, "single"),  # one process: nothing to split
+    ("auto", 2, "zero_fairscale"),  # what MMF built: fairscale OSS + ShardedDDP
+    ("zero_torch", 2, "zero_torch"), ("fsdp", 2, "fsdp"), ("zero_fairscale", 2, "zero_fairscale"),
+])
+def test_enable_state_sharding_picks_a_sharding_strategy(strategy, world, want):
+    config = {"optimizer": {"enable_state_sharding": True}, "distributed": {"strategy": strategy}}
+    assert resolve_strategy_name(config, DistEnv(world_size=world)) == want
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "dp", "single"])
+def test_enable_state_sharding_with_a_replicating_strategy_is_a_user_error(strategy):
+    config = {"optimizer": {"enable_state_sharding": True}, "distributed": {"strategy": strategy}}
+    with pytest.raises(UserError, match=f"enable_state_sharding=true but distributed.strategy={strategy} "
+                                        "keeps the whole optimizer state.*zero_fairscale"):
+        resolve_strategy_name(config, DistEnv(world_size=2))
+
+
+def test_ddp_options_from_config():
+    from mmvl.distributed.strategies.ddp import ddp_options
+
+    options = ddp_options(make_config("ddp", {"broadcast_buffers": False, "find_unused_parameters": True}))
+    assert options["find_unused_parameters"] is True
+    assert False in [options.get("forward_sync_buffers"), options.get("broadcast_buffers")]
+
+
 def test_process_group_strategy_without_group_runs_unwrapped(caplog):
     strat = build_strategy(make_config("ddp"), DistEnv())
     assert type(strat).__name__ == "SingleStrategy"
