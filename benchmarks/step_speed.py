@@ -3,6 +3,7 @@ Accelerate and Lightning: same model, data, optimizer and precision, one process
 
     python benchmarks/step_speed.py --preset small            # CPU, 2-layer h256
     python benchmarks/step_speed.py --preset base --compile   # GPU, BERT-base, batch 128, bf16
+    python benchmarks/step_speed.py --preset small --threads 1 --clock process   # a busy CPU
 
 The model is the registered ``visual_bert`` on region features (``feature_dim: 2048``,
 boxes, a 3,129-answer VQA head with ``logit_bce``); the data are synthetic region
@@ -27,6 +28,7 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from typing import Any, Callable
 
@@ -168,28 +170,114 @@ def autocast(device: torch.device, precision: str):
 
 
 class Clock:
-    """Seconds from the end of update ``warmup`` to the end of update ``warmup + updates``."""
+    """Times a variant's updates after the first ``warmup``; runners call ``tick(update)`` after each.
 
-    def __init__(self, device: torch.device, warmup: int, updates: int):
+    Alone (``baton=None``, the GPU default): the seconds from the end of update ``warmup`` to
+    the end of the last one, after waiting for the device. Interleaved (the CPU default): the
+    variants run in threads that take turns one update at a time (``Baton``), so a busy
+    machine slows them all alike, and each update is timed on its own. ``process`` measures
+    CPU seconds of this process instead of wall seconds (one thread: leaves out the time
+    spent waiting for a core).
+    """
+
+    def __init__(self, device: torch.device, warmup: int, updates: int, kind: str = "wall",
+                 baton: "Baton | None" = None, name: str = ""):
         self.device, self.warmup, self.last = device, warmup, warmup + updates
-        self.start = self.end = 0.0
+        self.now = time.process_time if kind == "process" else time.perf_counter
+        self.baton, self.name = baton, name
+        self.times: list[float] = []  # seconds per update
+        self.start = 0.0
+
+    def begin(self) -> None:
+        self.start = self.now()
 
     def tick(self, update: int) -> None:
-        if update in (self.warmup, self.last):
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
-            if update == self.warmup:
-                self.start = time.perf_counter()
-            else:
-                self.end = time.perf_counter()
+        if self.baton is None:
+            if update in (self.warmup, self.last):
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)
+                if update == self.warmup:
+                    self.start = self.now()
+                else:
+                    self.times.append((self.now() - self.start) / (self.last - self.warmup))
+            return
+        if update > self.warmup:
+            self.times.append(self.now() - self.start)
+        if update < self.last:
+            self.baton.pass_on(self.name)
+            self.start = self.now()
 
-    @property
-    def seconds(self) -> float:
-        return self.end - self.start
+
+class Baton:
+    """Round-robin turns between variant threads: one update each, in a fixed order."""
+
+    def __init__(self, names: list[str]):
+        self.order, self.active, self.turn = list(names), set(names), 0
+        self.cond = threading.Condition()
+
+    def wait(self, name: str) -> None:
+        with self.cond:
+            self.cond.wait_for(lambda: self.order[self.turn] == name)
+
+    def _advance(self) -> None:
+        for _ in range(len(self.order)):
+            self.turn = (self.turn + 1) % len(self.order)
+            if self.order[self.turn] in self.active:
+                break
+        self.cond.notify_all()
+
+    def pass_on(self, name: str) -> None:
+        with self.cond:
+            self._advance()
+        self.wait(name)
+
+    def finish(self, name: str) -> None:
+        with self.cond:
+            self.active.discard(name)
+            if self.active:
+                self._advance()
 
 
-# -- the variants: each trains warmup + updates updates and returns the timed seconds ---------------------
-def run_plain(p, args, device, clock, tmp) -> float:
+def run_round(variants: list[str], p: dict[str, Any], args: argparse.Namespace, device: torch.device,
+              tmp: str, interleave: bool) -> dict[str, list[float]]:
+    """One round of every variant (in turns, or one after the other): per-update seconds of each."""
+    from mmvl.utils.logger import setup_logging
+
+    baton = Baton(variants) if interleave else None
+    clocks = {v: Clock(device, p["warmup"], p["updates"], args.clock, baton, v) for v in variants}
+    errors: dict[str, BaseException] = {}
+
+    def work(v: str) -> None:
+        if baton is not None:
+            baton.wait(v)
+        try:
+            setup_logging(None, 1)  # quiet: warnings only (the Trainer sets up its own logging)
+            clocks[v].begin()
+            RUNNERS[v](p, args, device, clocks[v], os.path.join(tmp, v))
+        except BaseException as e:  # noqa: BLE001 - re-raised in the main thread
+            errors[v] = e
+        finally:
+            if baton is not None:
+                baton.finish(v)
+
+    if interleave:
+        threads = [threading.Thread(target=work, args=(v,), name=f"step_speed-{v}") for v in variants]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    else:
+        for v in variants:
+            free(device)
+            work(v)
+    if errors:
+        v, e = next(iter(errors.items()))
+        raise RuntimeError(f"variant {v} failed: {type(e).__name__}: {e}") from e
+    return {v: c.times for v, c in clocks.items()}
+
+
+# -- the variants: each trains warmup + updates updates, calling clock.tick(update) after each ---------------------
+def run_plain(p, args, device, clock, tmp) -> None:
     model = new_model(p).to(device)
     if args.compile:
         model = torch.compile(model)
@@ -207,10 +295,9 @@ def run_plain(p, args, device, clock, tmp) -> float:
         optimizer.zero_grad(set_to_none=True)
         scheduler.step()
         clock.tick(update)
-    return clock.seconds
 
 
-def run_engine(p, args, device, clock, tmp) -> float:
+def run_engine(p, args, device, clock, tmp) -> None:
     from mmvl.distributed.env import DistEnv
     from mmvl.engine import Engine
 
@@ -230,10 +317,9 @@ def run_engine(p, args, device, clock, tmp) -> float:
             optimizer.zero_grad()
             scheduler.step()
         clock.tick(update)
-    return clock.seconds
 
 
-def run_trainer(p, args, device, clock, tmp) -> float:
+def run_trainer(p, args, device, clock, tmp) -> None:
     from mmvl.data.sample import DevicePrefetcher
     from mmvl.trainers import Trainer
     from mmvl.trainers.callbacks import Callback
@@ -248,10 +334,9 @@ def run_trainer(p, args, device, clock, tmp) -> float:
 
     trainer.callbacks.append(Tick(trainer))  # last: the update's callbacks are part of its time
     trainer.fit()
-    return clock.seconds
 
 
-def run_accelerate(p, args, device, clock, tmp) -> float:
+def run_accelerate(p, args, device, clock, tmp) -> None:
     from accelerate import Accelerator
 
     accelerator = Accelerator(mixed_precision={"fp32": "no"}.get(args.precision, args.precision),
@@ -271,10 +356,9 @@ def run_accelerate(p, args, device, clock, tmp) -> float:
         scheduler.step()
         optimizer.zero_grad()
         clock.tick(update)
-    return clock.seconds
 
 
-def run_lightning(p, args, device, clock, tmp) -> float:
+def run_lightning(p, args, device, clock, tmp) -> None:
     import lightning as L
 
     class Module(L.LightningModule):
@@ -301,10 +385,9 @@ def run_lightning(p, args, device, clock, tmp) -> float:
                         enable_model_summary=False, callbacks=[Tick()], default_root_dir=tmp,
                         num_sanity_val_steps=0, limit_val_batches=0)
     trainer.fit(Module(), train_dataloaders=loader(p, device))
-    return clock.seconds
 
 
-RUNNERS: dict[str, Callable[..., float]] = {"plain": run_plain, "engine": run_engine, "trainer": run_trainer,
+RUNNERS: dict[str, Callable[..., None]] = {"plain": run_plain, "engine": run_engine, "trainer": run_trainer,
                                             "accelerate": run_accelerate, "lightning": run_lightning}
 PACKAGES = {"accelerate": "accelerate", "lightning": "lightning"}
 
@@ -358,6 +441,11 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--compile", action="store_true", help="torch.compile the model in every variant")
     parser.add_argument("--no-prefetch", action="store_true",
                         help="mmvl variants copy each batch when needed instead of one batch ahead (CUDA)")
+    parser.add_argument("--clock", choices=("wall", "process"), default="wall",
+                        help="process: CPU time of this process (CPU presets on a shared machine, with --threads 1)")
+    parser.add_argument("--interleave", choices=("auto", "update", "run"), default="auto",
+                        help="update: variants take turns every update (auto on CPU); run: one whole run after "
+                             "another (auto on CUDA, where waiting for the device every update would distort it)")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's)")
     parser.add_argument("--peak-tflops", type=float, default=None, help="peak TFLOP/s of the device for MFU")
     args = parser.parse_args(argv)
@@ -371,6 +459,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error(f"--preset {args.preset} runs on CUDA but none is visible; use --device cpu")
+    if args.clock == "process" and (device.type == "cuda" or p["workers"]):
+        parser.error("--clock process measures one process on the CPU: a CPU preset without DataLoader workers")
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown or "plain" not in variants:
@@ -378,7 +468,6 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
     import mmvl  # noqa: F401  (registers visual_bert and logit_bce)
     from mmvl.utils.flops import mfu, peak_flops
-    from mmvl.utils.logger import setup_logging
 
     register_dataset(p)
     skipped = {v: why for v in variants if (why := available(v))}
@@ -387,27 +476,26 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     peak = peak_flops(device, args.precision, args.peak_tflops)
     print(f"preset {args.preset}: visual_bert h{p['hidden']} x{p['layers']} layers, batch {p['batch']}, "
           f"text {p['text'][0]}-{p['text'][1]} tokens, {p['regions']} regions x 2048, {p['answers']} answers; "
-          f"{device} {args.precision}{' compiled' if args.compile else ''}, {torch.get_num_threads()} CPU threads; "
-          f"{per_sample / 1e9:.2f} GFLOPs per sample (forward + backward); peak "
+          f"{device} {args.precision}{' compiled' if args.compile else ''}, {torch.get_num_threads()} CPU threads, "
+          f"{args.clock} clock; "
+          f"{per_sample / 1e9:.3g} GFLOPs per sample (forward + backward); peak "
           + (f"{peak / 1e12:.0f} TFLOP/s" if peak else "unknown (MFU n/a; --peak-tflops sets it)"), flush=True)
     for v, why in skipped.items():
         print(f"note: {v} skipped: {why}", flush=True)
     if args.no_prefetch:
         print("note: --no-prefetch: the Engine and Trainer copy each batch when it is needed", flush=True)
 
+    interleave = args.interleave == "update" or (args.interleave == "auto" and device.type == "cpu")
     times: dict[str, list[float]] = {v: [] for v in variants}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(p["repeats"]):
-            for v in variants:
-                free(device)
-                setup_logging(None, 1)  # runs stay quiet: only warnings (the Trainer sets its own)
-                clock = Clock(device, p["warmup"], p["updates"])
-                seconds = RUNNERS[v](p, args, device, clock, os.path.join(tmp, f"{v}{r}"))
-                times[v].append(seconds / p["updates"])
-                print(f"round {r + 1}/{p['repeats']} {v:10s} {1000 * times[v][-1]:8.2f} ms/update",
+            for v, t in run_round(variants, p, args, device, os.path.join(tmp, str(r)), interleave).items():
+                times[v] += t
+                print(f"round {r + 1}/{p['repeats']} {v:10s} {1000 * statistics.median(t):8.2f} ms/update",
                       file=sys.stderr, flush=True)
     medians = {v: statistics.median(t) for v, t in times.items()}
-    print(f"\nmedian of {p['repeats']} rounds, {p['updates']} timed updates each (after {p['warmup']} untimed):")
+    how = "each update timed, the variants taking turns update by update" if interleave else "one after the other"
+    print(f"\nmedian of {p['repeats']} rounds x {p['updates']} timed updates (after {p['warmup']} untimed; {how}):")
     for v in variants:
         sps = p["batch"] / medians[v]
         util = mfu(per_sample, sps, peak)

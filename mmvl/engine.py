@@ -13,6 +13,12 @@ Usable on its own from research code, the way Accelerate users write loops::
             optimizer.step()        # a no-op until the accumulation boundary
             optimizer.zero_grad()
 
+With ``training.compile: true`` in its config, ``prepare`` compiles the model
+(:func:`compile_model`) before the strategy wraps it. Nothing here reads a value
+back from the device on a normal update: under fp16 whether the scaler skipped
+an update stays a device flag (``optimizer.skipped``), and a prepared LR
+scheduler takes back the steps of skipped updates when it ``settle()``-s.
+
 The Trainer is built on the same object, so both paths share one
 implementation of precision, accumulation and strategy handling.
 """
@@ -278,6 +284,8 @@ class Engine:
         return self.strategy.clip_grad_norm_(model, inner, float(max_norm))
 
     def to_device(self, batch: Any) -> Any:
+        if self.device.type == "cpu":  # batches come from host memory: nothing to move (or walk through)
+            return batch
         return to_device(batch, self.device)
 
     # -- collectives ------------------------------------------------------------

@@ -1,11 +1,11 @@
 """Noticing a NaN/inf loss without waiting for the device on every update.
 
-Each update adds three tiny device operations (``isfinite``, ``where``, ``minimum``)
-that keep the first update whose loss was not finite; :meth:`NonFiniteGuard.check`
-reads it (one all-reduce over the ranks, one wait) only when the Trainer settles: at
-log intervals, before checkpoints and evaluations. A non-finite update may thus be
-applied to the weights in memory for up to one log interval, but it is never saved,
-and every rank stops at the same update.
+Each update only keeps a reference to its total loss (no device work);
+:meth:`NonFiniteGuard.check` looks at the losses kept since the last check (one
+all-reduce over the ranks, one wait) when the Trainer settles: at log intervals,
+before checkpoints and evaluations. A non-finite update may thus be applied to the
+weights in memory for up to one log interval, but it is never saved, and every rank
+stops at the same update, naming the first bad one.
 """
 from __future__ import annotations
 
@@ -23,20 +23,21 @@ class NonFiniteLossError(UserError):
 
 
 class NonFiniteGuard:
-    """Records the first non-finite total loss on the device; ``check`` reads it on every rank."""
+    """Keeps the recent total losses (device tensors); ``check`` reads them on every rank."""
 
     def __init__(self, enabled: bool = True):
         self.enabled = enabled
-        self._first: torch.Tensor | None = None  # int64 on the loss's device
+        self._first_update = 0  # the update of _recent[0]
+        self._recent: list[torch.Tensor] = []  # total losses since the last check
         self._latest: dict[str, torch.Tensor] = {}
 
     def record(self, totals: dict[str, torch.Tensor], update: int) -> None:
-        """``totals["total_loss"]`` of ``update`` (1-based); queues device work only."""
+        """Keep ``totals["total_loss"]`` of ``update`` (1-based): a reference, no device work."""
         if not self.enabled:
             return
-        total = totals["total_loss"]
-        here = torch.where(torch.isfinite(total), _NONE, update)
-        self._first = here if self._first is None else torch.minimum(self._first, here)
+        if not self._recent:
+            self._first_update = update
+        self._recent.append(totals["total_loss"])
         self._latest = totals
 
     def check(self) -> tuple[int, str] | None:
@@ -44,9 +45,13 @@ class NonFiniteGuard:
 
         A collective once any update was recorded: every rank calls it at the same point.
         """
-        if self._first is None:
+        if not self._recent:
             return None
-        first = int(comm.all_reduce(self._first.reshape(1), "min").item())
+        losses = torch.stack(self._recent)
+        updates = torch.arange(self._first_update, self._first_update + len(losses), device=losses.device)
+        first = torch.where(torch.isfinite(losses), _NONE, updates).min()
+        first = int(comm.all_reduce(first.reshape(1), "min").item())
+        self._recent = []
         if first == _NONE:
             return None
         values = ", ".join(f"{k}={float(v):.4g}" for k, v in self._latest.items())

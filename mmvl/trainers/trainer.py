@@ -161,7 +161,7 @@ class Trainer:
 
     def train_step(self) -> dict[str, Any]:
         """One optimizer update over ``gradient_accumulation`` micro-batches (no wait on the device)."""
-        engine, totals, tokens = self.engine, {}, 0
+        engine, micro, tokens = self.engine, [], 0
         for _ in range(engine.gradient_accumulation):
             batch = engine.to_device(next(self.train_data))
             with engine.accumulate(self.model):
@@ -170,10 +170,9 @@ class Trainer:
                     losses = compute_losses(self.losses, batch, output)
                 loss = sum(losses.values())
                 engine.backward(loss)
-            for k, v in losses.items():
-                totals[k] = totals.get(k, 0.0) + v.detach().float() / engine.gradient_accumulation
+            micro.append({**losses, "total_loss": loss})
             tokens += batch_tokens(batch)
-        totals["total_loss"] = sum(totals.values())
+        totals = mean_losses(micro)
         grad_norm = engine.clip_grad_norm_(self.model, self.clip_grad_norm) if self.clip_grad_norm else None
         self.nonfinite.record(totals, self.update + 1)
         lr = base_lr(self.optimizer)
@@ -281,6 +280,13 @@ class Trainer:
         for c in self.callbacks:
             if type(c).__name__ in (state.get("callbacks") or {}):
                 c.load_state_dict(state["callbacks"][type(c).__name__])
+
+
+def mean_losses(micro: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Each loss's mean over the micro-batches of an update, detached, fp32 (no device work for one)."""
+    if len(micro) == 1:
+        return {k: v.detach().float() for k, v in micro[0].items()}
+    return {k: torch.stack([m[k].detach().float() for m in micro]).mean() for k in micro[0]}
 
 
 class _WeightedMeans:

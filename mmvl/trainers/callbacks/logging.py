@@ -40,8 +40,8 @@ class LoggingCallback(Callback):
         self._reset_window()
 
     def _reset_window(self) -> None:
-        self.sums: dict[str, torch.Tensor] = {}
-        self.count, self.samples, self.tokens, self.start = 0, 0, 0, time.perf_counter()
+        self.window: list[dict[str, torch.Tensor]] = []  # each update's losses (and grad norm): device tensors
+        self.samples, self.tokens, self.start = 0, 0, time.perf_counter()
         if self.trainer.engine.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.trainer.engine.device)
 
@@ -63,13 +63,12 @@ class LoggingCallback(Callback):
     def on_update_end(self, info: dict[str, Any]) -> None:
         if self.flops_per_sample is None and self.trainer.flops.total:  # counted on the first update
             self.flops_per_sample = self.trainer.flops.total * self.trainer.env.world_size / info["samples"]
-        for k, v in info["losses"].items():
-            self.sums[k] = self.sums.get(k, 0.0) + v
-        self.count += 1
+        values = info["losses"]  # kept as they are: the means are taken at the log interval
+        if info.get("grad_norm") is not None:
+            values = {**values, "grad_norm": info["grad_norm"]}
+        self.window.append(values)
         self.samples += info["samples"]
         self.tokens += info.get("tokens", 0)
-        if info.get("grad_norm") is not None:
-            self.sums["grad_norm"] = self.sums.get("grad_norm", 0.0) + info["grad_norm"].float()
         if self.bar is not None:
             self.bar.update(1)
         t = self.trainer
@@ -78,14 +77,16 @@ class LoggingCallback(Callback):
 
     def _log(self, info: dict[str, Any]) -> None:
         t = self.trainer
-        means = comm.reduce_dict({k: torch.as_tensor(v) / self.count for k, v in self.sums.items()})
+        keys = dict.fromkeys(k for values in self.window for k in values)  # datasets may differ in losses
+        means = comm.reduce_dict({k: torch.stack([v[k].float() for v in self.window if k in v]).mean()
+                                  for k in keys})
         elapsed = max(time.perf_counter() - self.start, 1e-9)
         samples_per_s = self.samples / elapsed
         util = mfu(self.flops_per_sample, samples_per_s, self.peak, t.env.world_size)
         event = {"update": t.update, "epoch": t.epoch, "split": "train",
                  **{k: float(v) for k, v in means.items()},
                  "lr": info["lr"], "samples_per_s": round(samples_per_s, 2),
-                 "s_per_update": round(elapsed / self.count, 4),
+                 "s_per_update": round(elapsed / len(self.window), 4),
                  "peak_mem_mb": round(_peak_memory_mb(t.engine.device), 1)}
         if self.tokens:
             event["tokens_per_s"] = round(self.tokens / elapsed, 1)
