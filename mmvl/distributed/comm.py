@@ -60,16 +60,16 @@ class AsyncMax:
     """
 
     def __init__(self, value: int):
-        device = _comm_device() if get_world_size() > 1 else torch.device("cpu")
+        grouped = is_initialized()  # at world size 1 too: the same path, a trivial reduction
+        device = _comm_device() if grouped else torch.device("cpu")
         self._flag = torch.full((1,), int(value), dtype=torch.int32, device=device)
-        self._work = dist.all_reduce(self._flag, op=dist.ReduceOp.MAX, async_op=True) \
-            if get_world_size() > 1 else None
+        self._work = dist.all_reduce(self._flag, op=dist.ReduceOp.MAX, async_op=True) if grouped else None
         self._event = None
         if device.type == "cuda":
             self._work.wait()  # on CUDA: the current stream waits for the collective, the host does not
             host = torch.empty(1, dtype=torch.int32, pin_memory=True)
             host.copy_(self._flag, non_blocking=True)
-            self._flag, self._work = host, None
+            self._device_flag, self._flag, self._work = self._flag, host, None
             self._event = torch.cuda.Event()
             self._event.record()
 

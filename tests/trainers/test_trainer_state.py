@@ -80,3 +80,26 @@ def test_callbacks_save_through_the_trainer_without_finding_each_other(tmp_path)
 def test_preemption_check_interval_must_be_positive(tmp_path):
     with pytest.raises(UserError, match="preemption_check_interval"):
         Trainer(load_config(toy_opts(tmp_path, "training.preemption_check_interval=0")))
+
+
+@pytest.mark.cuda
+def test_peak_memory_is_reset_every_log_interval_on_cuda(tmp_path):
+    import torch
+
+    trainer = Trainer(load_config(toy_opts(tmp_path, "training.device=cuda", "training.log_interval=2",
+                                           "training.max_updates=6")))
+    held = []
+
+    class Spike(Callback):  # ~256 MB alive during update 2 only
+        def on_update_start(self):
+            if trainer.update + 1 == 2:
+                held.append(torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda"))
+
+        def on_update_end(self, info):
+            held.clear()
+
+    trainer.callbacks.insert(0, Spike(trainer))
+    trainer.fit()
+    peaks = [json.loads(line)["peak_mem_mb"] for line in open(tmp_path / "save" / "metrics.jsonl")
+             if json.loads(line)["split"] == "train"]
+    assert len(peaks) == 3 and peaks[0] > 256 and peaks[1] < 128 and peaks[2] < 128, peaks
