@@ -133,15 +133,12 @@ def config(p: dict[str, Any], args: argparse.Namespace, save_dir: str, updates: 
             f"training.batch_size={p['batch']}", f"training.num_workers={p['workers']}",
             f"training.precision={args.precision}", f"training.device={args.device}",
             f"training.compile={str(args.compile).lower()}", "training.checkpoint_interval=0",
-            f"training.pin_memory={str(args.device.startswith('cuda')).lower()}",
+            "training.pin_memory=auto",
             f"optimizer.params.lr={LR}", f"scheduler.params.num_warmup_steps={WARMUP_STEPS}",
             f"scheduler.params.num_training_steps={TRAINING_STEPS}",
             "model_config.visual_bert.losses=[{type: logit_bce}]"]
     opts += [f"model_config.visual_bert.{k}={v}" for k, v in model_options(p).items()]
-    cfg = load_config(opts)
-    if args.no_prefetch and "prefetch" in cfg.training:
-        cfg.training.prefetch = False
-    return cfg
+    return load_config(opts + [f"training.prefetch={str(not args.no_prefetch).lower()}"])
 
 
 def new_model(p: dict[str, Any]) -> torch.nn.Module:
@@ -320,13 +317,10 @@ def run_engine(p, args, device, clock, tmp) -> None:
 
 
 def run_trainer(p, args, device, clock, tmp) -> None:
-    from mmvl.data.sample import DevicePrefetcher
     from mmvl.trainers import Trainer
     from mmvl.trainers.callbacks import Callback
 
     trainer = Trainer(config(p, args, tmp, clock.last))
-    if args.no_prefetch and isinstance(trainer.train_data, DevicePrefetcher):
-        trainer.train_data = trainer.train_data.source  # this checkout has no training.prefetch switch
 
     class Tick(Callback):
         def on_update_end(self, info):

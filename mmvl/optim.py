@@ -117,15 +117,25 @@ def scaled_lr(base_lr: float, scaling: str | None, global_batch_size: int | None
     return base_lr * (ratio if scaling == "linear" else math.sqrt(ratio))
 
 
-def build_optimizer(model: torch.nn.Module, config: Any) -> torch.optim.Optimizer:
-    """Build ``config.optimizer`` for ``model`` (already wrapped or not)."""
+def fused_by_default(factory: Any, device: torch.device | str | None) -> bool:
+    """Adam/AdamW train on ``device`` with their fused kernel unless ``optimizer.params.fused`` says
+    otherwise: one kernel for every parameter instead of several per tensor. CUDA only (on the
+    CPU the default implementation stays)."""
+    return (device is not None and torch.device(device).type == "cuda" and isinstance(factory, type)
+            and issubclass(factory, (torch.optim.Adam, torch.optim.AdamW)))
+
+
+def build_optimizer(model: torch.nn.Module, config: Any,
+                    device: torch.device | str | None = None) -> torch.optim.Optimizer:
+    """Build ``config.optimizer`` for ``model`` (already wrapped or not), which will train on ``device``."""
     opt_cfg = plain(config_value(config, "optimizer"))
     if not isinstance(opt_cfg, Mapping) or not opt_cfg.get("type"):
         raise UserError("config has no optimizer.type; set e.g. `optimizer: {type: adam_w, params: {lr: 1e-4}}`.")
     name, params = component_spec({k: opt_cfg[k] for k in ("type", "params") if k in opt_cfg}, "optimizer")
     factory = OPTIMIZERS.get(name)
     params = bind_params(factory, {k: tuple(v) if isinstance(v, list) else v for k, v in params.items()},
-                         (None,), kind="optimizer", name=name, where="optimizer")
+                         (None,), kind="optimizer", name=name, where="optimizer",
+                         defaults={"fused": True} if fused_by_default(factory, device) else None)
     if "lr" in params:
         params["lr"] = scaled_lr(float(params["lr"]), opt_cfg.get("lr_scaling"), config_value(config, "training.batch_size"))
     elif opt_cfg.get("lr_scaling"):

@@ -8,12 +8,12 @@ torch.set_num_threads(1)
 
 
 def pytest_collection_modifyitems(config, items):
-    """``@pytest.mark.cuda`` tests skip where no CUDA device is visible."""
+    """``cuda``-marked tests skip on hosts without a GPU (``pytest -m cuda`` selects them)."""
     if torch.cuda.is_available():
         return
     import pytest
 
-    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is false)")
     for item in items:
         if item.get_closest_marker("cuda") is not None:
             item.add_marker(skip)

@@ -28,6 +28,12 @@ def _backends() -> tuple[Any, ...]:
     return BACKENDS
 
 
+def _pin_memory() -> tuple[Any, ...]:
+    from mmvl.data.loaders import PIN_MEMORY
+
+    return PIN_MEMORY
+
+
 def _lr_scalings() -> tuple[Any, ...]:
     from mmvl.optim import LR_SCALINGS
 
@@ -39,6 +45,7 @@ CHOICES: dict[str, Callable[[], tuple[Any, ...]]] = {
     "run_type": lambda: ("train", "val", "test", "train_val", "train_test"),
     "checkpoint.resume": lambda: (True, False, "auto"),
     "training.precision": _precisions,
+    "training.pin_memory": _pin_memory,
     "distributed.backend": _backends,
     "optimizer.lr_scaling": _lr_scalings,
 }

@@ -113,6 +113,22 @@ def check_world_size(config: Any, launched: int) -> None:
                     f"set distributed.world_size={launched}")
 
 
+def local_device_index(local_rank: int, source: str) -> int:
+    """This process's GPU among those it sees.
+
+    Usually the local rank. Under SLURM with ``--gpus-per-task`` every task sees only its
+    own GPUs (numbered from 0), so the index is ``local_rank % device_count()``. Other
+    launchers never hide GPUs per process: more local ranks than GPUs is a mistake there.
+    """
+    count = device_count()
+    if local_rank < count:
+        return local_rank
+    if source == "SLURM" and count > 0:
+        return local_rank % count
+    raise UserError(f"local rank {local_rank} ({source}) but only {count} CUDA devices are visible; "
+                    f"start at most {count} processes per node.")
+
+
 def init_distributed(config: Any = None, environ: Mapping[str, str] | None = None) -> DistEnv:
     """Read the launcher, join the process group when there is more than one process, pick the device."""
     environ = os.environ if environ is None else environ
@@ -132,11 +148,9 @@ def init_distributed(config: Any = None, environ: Mapping[str, str] | None = Non
     check_world_size(config, layout["world_size"])
     local_rank = layout["local_rank"]
     if cuda:
-        if local_rank >= device_count():
-            raise UserError(f"local rank {local_rank} ({layout['source']}) but only {device_count()} CUDA "
-                            f"devices are visible; start at most {device_count()} processes per node.")
-        torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", local_rank)
+        index = local_device_index(local_rank, layout["source"])
+        torch.cuda.set_device(index)  # object collectives and barriers use the current device
+        device = torch.device("cuda", index)
     else:
         device = torch.device("cpu")
     backend = _backend(config, cuda)

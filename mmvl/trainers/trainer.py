@@ -23,7 +23,7 @@ from mmvl.checkpoint import CheckpointManager
 from mmvl.build import build_callbacks, build_datasets, build_model, model_config
 from mmvl.data.predictions import write_predictions
 from mmvl.data.sample import DevicePrefetcher
-from mmvl.data.loaders import TrainStream, eval_loader
+from mmvl.data.loaders import TrainStream, eval_loader, resolve_pin_memory
 from mmvl.distributed import comm
 from mmvl.distributed.env import DistEnv
 from mmvl.engine import Engine
@@ -77,7 +77,7 @@ class Trainer:
         self.model = build_model(config, self.builders,
                                  checkpointing=not self.engine.strategy.handles_gradient_checkpointing)
         self.losses = build_losses(list(model_config(config, self.builders).get("losses") or []))
-        optimizer = build_optimizer(self.model, config)
+        optimizer = build_optimizer(self.model, config, device=self.env.device)
         self.model, self.optimizer = self.engine.prepare(self.model, optimizer)
         self.metrics = {name: build_metrics(list(b.config.get("metrics") or [])
                                             + list(config.evaluation.get("metrics") or []))
@@ -122,14 +122,15 @@ class Trainer:
         streams = {name: TrainStream(
             b.build("train"), batch_size=self.batch_size, collate_fn=b.collate,
             seed=int(t.seed), rank=self.env.rank, world_size=self.env.world_size,
-            num_workers=int(t.num_workers), pin_memory=bool(t.pin_memory), name=name)
+            num_workers=int(t.num_workers), pin_memory=resolve_pin_memory(t.pin_memory, self.env.device),
+            persistent_workers=bool(t.persistent_workers), name=name)
             for name, b in self.builders.items()}
         stream = next(iter(streams.values()))
         if len(streams) > 1:
             from mmvl.data.multi import MultiStream
 
             stream = MultiStream(streams, self.config.get("multitasking"), seed=int(t.seed))
-        if self.env.device.type == "cuda":  # copy the next batch on a side stream
+        if self.env.device.type == "cuda" and self.engine.prefetch:  # copy the next batch on a side stream
             stream = DevicePrefetcher(stream, self.env.device)
         return stream
 
@@ -219,7 +220,8 @@ class Trainer:
             keys = {"targets", "id"}.union(*(m.required_keys for m in self.metrics[name]))
             loader = eval_loader(dataset, batch_size=self.batch_size, collate_fn=builder.collate,
                                  rank=self.env.rank, world_size=self.env.world_size,
-                                 num_workers=int(self.config.training.num_workers))
+                                 num_workers=int(self.config.training.num_workers),
+                                 pin_memory=resolve_pin_memory(self.config.training.pin_memory, self.env.device))
             kept, model_losses = [], _WeightedMeans()
             for batch in loader:
                 batch = self.engine.to_device(batch)

@@ -20,7 +20,9 @@ def get_rng_state() -> dict[str, Any]:
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state()
+        # every visible GPU's generator: under dp each replica draws (dropout) from its own GPU's.
+        # A generator's state is a few bytes kept on the host: no GPU is touched to read it.
+        state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
@@ -32,7 +34,12 @@ def set_rng_state(state: dict[str, Any]) -> None:
                          nps["has_gauss"], nps["cached_gaussian"]))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
+        saved = state["cuda"]
+        if isinstance(saved, torch.Tensor):  # checkpoints before every GPU was saved: the current one
+            torch.cuda.set_rng_state(saved)
+        else:  # GPU i's state back to GPU i, for the GPUs both runs see
+            for index, gpu_state in enumerate(saved[:torch.cuda.device_count()]):
+                torch.cuda.set_rng_state(gpu_state, index)
 
 
 def seed_everything(seed: int, rank: int = 0) -> int:

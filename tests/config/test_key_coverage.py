@@ -18,7 +18,6 @@ COMPONENT_YAMLS = sorted((CONFIGS / "models").rglob("*.yaml")) + sorted((CONFIGS
 #: not yet shipped. Each entry must still be pending here (the test says when to drop it), so the
 #: tables only shrink, and every key is checked like the others once its owner's work has landed.
 PENDING = {
-    ("training", "persistent_workers"): "issue 9 (cuda): one DataLoader kept across epochs",
     ("training", "tensorboard"): "issue 11 (see): the TensorBoard callback",
     ("checkpoint", "resume_pretrained"): "issue 10 item 2 (traps): load model weights only",
     ("checkpoint", "pretrained_state_mapping"): "issue 10 item 2 (traps): prefixes mapped on that load",

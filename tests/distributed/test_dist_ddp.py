@@ -101,3 +101,17 @@ def test_scalers_and_unwrapped_strategies_on_cpu():
     dp = DataParallelStrategy(make_config("dp"), env)
     wrapped, _ = dp.wrap(model, None)
     assert wrapped is model and dp.unwrap(wrapped) is model  # one or no GPU: nothing to replicate
+
+
+@pytest.mark.parametrize("local_rank,device,want", [(1, torch.device("cuda", 1), [1]),
+                                                    (3, torch.device("cuda", 0), [0]),  # --gpus-per-task=1
+                                                    (1, torch.device("cpu"), None)])
+def test_ddp_wraps_on_the_gpu_init_chose(monkeypatch, local_rank, device, want):
+    """DDP's device_ids come from the device init_distributed chose, not from the local rank."""
+    from mmvl.distributed.strategies import ddp
+
+    seen = {}
+    monkeypatch.setattr(ddp, "DistributedDataParallel", lambda model, device_ids, **kw: seen.update(ids=device_ids))
+    ddp.wrap_ddp(torch.nn.Linear(2, 2), make_config("ddp"), DistEnv(world_size=4, local_rank=local_rank,
+                                                                    device=device))
+    assert seen["ids"] == want

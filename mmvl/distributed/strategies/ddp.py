@@ -31,7 +31,8 @@ def ddp_options(config) -> dict:
 
 
 def wrap_ddp(model: torch.nn.Module, config, env) -> DistributedDataParallel:
-    device_ids = [env.local_rank] if env.device.type == "cuda" else None
+    # the GPU init_distributed chose, which is not the local rank under SLURM --gpus-per-task
+    device_ids = [env.device.index] if env.device.type == "cuda" else None
     return DistributedDataParallel(model, device_ids=device_ids, **ddp_options(config))
 
 
