@@ -21,9 +21,7 @@ PENDING = {
     ("checkpoint", "resume_pretrained"): "issue 10 item 2 (traps): load model weights only",
     ("checkpoint", "pretrained_state_mapping"): "issue 10 item 2 (traps): prefixes mapped on that load",
 }
-PENDING_READS = {
-    ("distributed", "gradient_as_bucket_view"): "issue 9 item 8 (speed): DDP keys",
-}
+PENDING_READS: dict[tuple[str, ...], str] = {}
 OPEN_ROOTS = ("model_config", "dataset_config")
 
 

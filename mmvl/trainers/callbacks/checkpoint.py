@@ -21,56 +21,59 @@ from mmvl.trainers.callbacks.base import Callback
 log = logging.getLogger("mmvl")
 
 
+def save_checkpoint(trainer: Any, is_best: bool = False, full: bool = False) -> None:
+    """Write the checkpoint of ``trainer.update`` (every rank calls this; use ``Trainer.save_checkpoint``).
+
+    ``full``: a full ``last.ckpt`` even in a sharded run (the end-of-training export).
+    """
+    t = trainer
+    if t.engine.sharded_checkpoint and not full:
+        _save_sharded(t, is_best)
+        return
+    state = t.state_dict()  # collective: every rank takes part
+    periodic = not t.engine.sharded_checkpoint  # a sharded run's export: last.ckpt only
+
+    def write() -> None:
+        t.checkpoints.save(state, t.update, is_best=is_best, periodic=periodic)
+
+    on_main_agreed(write, f"save the checkpoint of update {t.update}")
+
+
+def _save_sharded(t: Any, is_best: bool) -> None:
+    directory = t.checkpoints.sharded_path(t.update)
+    t.engine.save_sharded(str(directory), t.model, t.optimizer, extra=t.state_dict(sharded=True))
+    if t.engine.is_main_process:
+        _prune(t.checkpoints)
+    if is_best:  # best.ckpt stays one full file, usable anywhere
+        state = t.state_dict()
+
+        def write_best() -> None:
+            t.checkpoints.save_best(state)
+
+        on_main_agreed(write_best, "save best.ckpt")
+
+
 @register_callback("checkpoint")
 class CheckpointCallback(Callback):
+    """Saves every ``training.checkpoint_interval`` updates, when ``trainer.is_best``, and at the end."""
+
     def __init__(self, trainer: Any, **params: Any):
         super().__init__(trainer)
-        self.saved_at = -1
-
-    def save(self, is_best: bool = False, full: bool = False) -> None:
-        """Every rank calls this. ``full``: a full ``last.ckpt`` even in a sharded run (the export)."""
-        t = self.trainer
-        if t.engine.sharded_checkpoint and not full:
-            self._save_sharded(is_best)
-        else:
-            state = t.state_dict()  # collective: every rank takes part
-            periodic = not t.engine.sharded_checkpoint  # a sharded run's export: last.ckpt only
-
-            def write() -> None:
-                t.checkpoints.save(state, t.update, is_best=is_best, periodic=periodic)
-
-            on_main_agreed(write, f"save the checkpoint of update {t.update}")
-        self.saved_at = t.update
-
-    def _save_sharded(self, is_best: bool) -> None:
-        t = self.trainer
-        directory = t.checkpoints.sharded_path(t.update)
-        t.engine.save_sharded(str(directory), t.model, t.optimizer, extra=t.state_dict(sharded=True))
-        if t.engine.is_main_process:
-            _prune(t.checkpoints)
-        if is_best:  # best.ckpt stays one full file, usable anywhere
-            state = t.state_dict()
-
-            def write_best() -> None:
-                t.checkpoints.save_best(state)
-
-            on_main_agreed(write_best, "save best.ckpt")
+        self.interval = int(trainer.config.training.checkpoint_interval or 0)
 
     def on_update_end(self, info: dict[str, Any]) -> None:
         t = self.trainer
-        interval = int(t.config.training.checkpoint_interval or 0)
-        is_best = bool(getattr(t, "is_best", False)) and t.last_eval is not None \
-            and t.last_eval[0] == t.update
-        if is_best or (interval > 0 and t.update % interval == 0):
-            self.save(is_best=is_best)
+        is_best = t.is_best and t.last_eval is not None and t.last_eval[0] == t.update
+        if is_best or (self.interval > 0 and t.update % self.interval == 0):
+            t.save_checkpoint(is_best=is_best)
         t.is_best = False
 
     def on_train_end(self) -> None:
         t = self.trainer
         if t.engine.sharded_checkpoint and not t.preempted:
-            self.save(full=True)  # the final export: last.ckpt, one full file (resumable too)
-        elif self.saved_at != t.update:
-            self.save()
+            t.save_checkpoint(full=True)  # the final export: last.ckpt, one full file (resumable too)
+        elif t.last_saved != t.update:
+            t.save_checkpoint()
 
 
 def _prune(manager: Any) -> None:
