@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -27,6 +28,8 @@ import torch
 from mmvl.errors import UserError, did_you_mean
 from mmvl.losses import _plain
 from mmvl.registry import OPTIMIZERS, SCHEDULERS, register_optimizer, register_scheduler
+
+log = logging.getLogger("mmvl")
 
 register_optimizer("adam_w", torch.optim.AdamW)
 
@@ -251,13 +254,28 @@ def constant(optimizer: torch.optim.Optimizer, num_warmup_steps: int = 0) -> tor
     return _lambda_lr(optimizer, "constant", warmup, 1, 0.0)
 
 
+def _clamp_warmup(params: dict[str, Any]) -> None:
+    """A warm-up longer than the run (e.g. a smoke test with ``training.max_updates=50``) is clamped
+    to the run's length, with a warning from rank 0: the run goes ahead instead of stopping."""
+    from mmvl.distributed.comm import is_main_process
+
+    warmup, steps = _as_int(params.get("num_warmup_steps", 0)), params["num_training_steps"]
+    if isinstance(warmup, int) and isinstance(steps, int) and warmup > steps > 0:
+        if is_main_process():
+            log.warning("scheduler.params.num_warmup_steps=%d is longer than this run (%d updates): warm-up "
+                        "clamped to %d, so the lr rises for the whole run. Set num_warmup_steps to at most %d "
+                        "to silence this.", warmup, steps, steps, steps)
+        params["num_warmup_steps"] = steps
+
+
 def build_scheduler(optimizer: torch.optim.Optimizer, config: Any,
                     max_updates: int | None = None) -> torch.optim.lr_scheduler.LRScheduler | None:
     """Build ``config.scheduler`` ({type, params}); None when absent or null.
 
     ``num_training_steps`` defaults to ``max_updates`` (the trainer's count,
     e.g. derived from ``training.max_epochs``), else ``training.max_updates``,
-    when the scheduler takes it and the config leaves it null.
+    when the scheduler takes it and the config leaves it null; a longer warm-up is
+    then clamped to it (with a warning).
     """
     sched_cfg = _plain(_get(config, "scheduler"))
     if sched_cfg is None or sched_cfg == {} or (isinstance(sched_cfg, Mapping) and sched_cfg.get("type") is None):
@@ -275,6 +293,7 @@ def build_scheduler(optimizer: torch.optim.Optimizer, config: Any,
         if max_updates is None:
             raise UserError(f"scheduler {name!r} needs scheduler.params.num_training_steps or training.max_updates.")
         params["num_training_steps"] = _as_int(max_updates)
+        _clamp_warmup(params)
     if not _takes_var_kwargs(factory):
         for key in params:
             if key not in accepted:
@@ -285,3 +304,27 @@ def build_scheduler(optimizer: torch.optim.Optimizer, config: Any,
         if missing:
             raise UserError(f"scheduler {name!r} needs scheduler.params.{missing[0]}.")
     return factory(optimizer, **params)
+
+
+def adopt_config_hyperparameters(optimizer: Any, scheduler: Any, fresh_groups: list[dict[str, Any]],
+                                 kept_optimizer: bool, kept_scheduler: bool) -> None:
+    """After a resume with ``checkpoint.reset.*``: the run goes on under the config's settings.
+
+    ``fresh_groups`` are the param-group hyper-parameters the config built (captured before the
+    checkpoint was loaded); a kept optimizer state takes them over its saved ones (its moments
+    stay). A kept schedule takes the config's base lrs at its saved position; a reset one starts
+    at its beginning. Either way each group's lr is the schedule's value now, so the first update
+    after the resume already uses it.
+    """
+    if kept_optimizer:
+        for group, fresh in zip(optimizer.param_groups, fresh_groups):
+            group.update(fresh)
+    if scheduler is None:
+        return
+    if kept_scheduler and "initial_lr" in optimizer.param_groups[0]:
+        scheduler.base_lrs = [group["initial_lr"] for group in optimizer.param_groups]
+        if isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR):
+            scheduler._last_lr = [base * fn(scheduler.last_epoch)
+                                  for base, fn in zip(scheduler.base_lrs, scheduler.lr_lambdas)]
+    for group, lr in zip(optimizer.param_groups, scheduler.get_last_lr()):
+        group["lr"] = lr

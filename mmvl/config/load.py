@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import os
-import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -190,26 +189,10 @@ def _first_line(err: BaseException) -> str:
 
 def save_config(cfg: DictConfig | Mapping[str, Any], path: str | os.PathLike[str]) -> Path:
     """Write ``cfg`` as plain, resolved YAML atomically (tmp file + fsync + rename)."""
+    from mmvl.checkpoint import atomic_write  # the one atomic writer (respects the umask)
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     text = OmegaConf.to_yaml(cfg if isinstance(cfg, DictConfig) else OmegaConf.create(dict(cfg)), resolve=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    try:  # make the rename itself durable
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-    except OSError:
-        pass
+    atomic_write(path, "w", lambda f: f.write(text), encoding="utf-8")
     return path

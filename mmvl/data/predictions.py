@@ -5,8 +5,9 @@ import csv
 import io
 import json
 import os
-import tempfile
 from typing import Any
+
+from mmvl.checkpoint import atomic_write
 
 
 def write_predictions(save_dir: str, dataset: str, split: str, rows: list[dict[str, Any]],
@@ -23,10 +24,5 @@ def write_predictions(save_dir: str, dataset: str, split: str, rows: list[dict[s
         text = buf.getvalue()
     else:
         text = json.dumps(rows)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp_")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic_write(path, "w", lambda f: f.write(text), encoding="utf-8")
     return path
