@@ -1,12 +1,14 @@
 """``mmvl_run config=... [key=value ...]``: train/evaluate from YAML.
 
-``python -m mmvl_cli.run`` works too, so ``torchrun ... -m mmvl_cli.run`` does.
+``python -m mmvl_cli.run`` works too, so ``torchrun ... -m mmvl_cli.run`` does. Without a
+launcher, ``distributed.world_size=N`` (N > 1) starts N local processes itself, as
+``torchrun --standalone --nproc-per-node=N`` would (``distributed.max_restarts`` restarts).
 """
 from __future__ import annotations
 
 import sys
 
-from mmvl_cli.common import cli_main, print_registry
+from mmvl_cli.common import cli_main, command, print_registry, run_or_launch
 
 
 def _run(opts: list[str]) -> int:
@@ -18,12 +20,15 @@ def _run(opts: list[str]) -> int:
         print_registry(opts[1] if len(opts) > 1 else None)
         return 0
     config = load_config(opts)
-    run(config)
-    return 0
+    return run_or_launch(config, "mmvl_cli.run", opts, run)
 
 
 def main(argv: list[str] | None = None) -> int:
-    return cli_main(_run, sys.argv[1:] if argv is None else argv, __doc__ or "")
+    """``argv`` given: run in this process and return the exit status (tests, scripts). None: the
+    command itself, which ends the process (see :func:`mmvl_cli.common.command`)."""
+    if argv is None:
+        command(lambda: cli_main(_run, sys.argv[1:], __doc__ or ""))
+    return cli_main(_run, argv, __doc__ or "")
 
 
 if __name__ == "__main__":
