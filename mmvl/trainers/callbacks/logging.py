@@ -5,6 +5,7 @@ import json
 import logging
 import os
 import resource
+import sys
 import time
 from typing import Any
 
@@ -41,7 +42,9 @@ class LoggingCallback(Callback):
 
     def on_train_start(self) -> None:
         t = self.trainer
-        if self.main and t.config.training.get("progress_bar", True):
+        # a bar only on a terminal: in a file (a SLURM log) its \r frames are noise, and the
+        # log lines below say the same (update/total, loss, speed, time left)
+        if self.main and t.config.training.get("progress_bar", True) and sys.stderr.isatty():
             self.bar = tqdm(total=t.max_updates, initial=t.update, desc="train", unit="upd",
                             dynamic_ncols=True, leave=False)
         self._reset_window()
@@ -74,9 +77,10 @@ class LoggingCallback(Callback):
             if self.bar is not None:
                 self.bar.set_postfix(loss=f"{event['total_loss']:.4f}", refresh=False)
             log.info("update %d/%d | epoch %d | loss %.4f | lr %.3g | %.1f samples/s | "
-                     "%.3f s/update | peak mem %.0f MB", t.update, t.max_updates, t.epoch,
+                     "%.3f s/update | peak mem %.0f MB | eta %s", t.update, t.max_updates, t.epoch,
                      event["total_loss"], event["lr"], event["samples_per_s"],
-                     event["s_per_update"], event["peak_mem_mb"])
+                     event["s_per_update"], event["peak_mem_mb"],
+                     _clock(event["s_per_update"] * (t.max_updates - t.update)))
         self._reset_window()
 
     def on_evaluation_end(self, split: str, results: dict[str, dict[str, float]]) -> None:
@@ -93,6 +97,12 @@ class LoggingCallback(Callback):
         if self.bar is not None:
             self.bar.close()
             self.bar = None
+
+
+def _clock(seconds: float) -> str:
+    """``h:mm:ss``, as the progress bar shows time left."""
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
 def _peak_memory_mb(device: torch.device) -> float:
