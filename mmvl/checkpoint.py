@@ -98,31 +98,26 @@ def atomic_save(obj: Mapping[str, Any], path: str | os.PathLike) -> Path:
     return atomic_write(path, "wb", lambda f: torch.save(obj, f))
 
 
-def atomic_write(path: str | os.PathLike, mode: str, write: Callable[[Any], Any],
-                 encoding: str | None = None) -> Path:
+def atomic_write(path: str | os.PathLike, mode: str, write: Callable[[Any], Any]) -> Path:
     """``write(f)`` into a temp file beside ``path``, fsync, rename over ``path``, fsync the folder.
 
-    The file gets the permissions a plain ``open(path, "w")`` would (0666 minus the umask).
+    The one atomic writer: checkpoints, markers, ``config.yaml`` and predictions all
+    go through it, so a crash leaves either the old file or the new one, never half.
+    ``mode`` is ``"wb"`` or ``"w"`` (text is UTF-8). The file gets the permissions a plain
+    ``open(path, "w")`` would (0666 minus the umask).
     """
-    path = Path(path)
-    tmp = _temp_path(path)
-    try:
-        with open(tmp, mode, encoding=encoding) as f:
+    def fill(tmp: Path) -> None:
+        with open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-    return path
+
+    return _replace(Path(path), fill)
 
 
 def _link_replace(src: Path, dst: Path) -> None:
     """Make ``dst`` name the same complete file as ``src`` (hard link, else copy), atomically."""
-    tmp = _temp_path(dst)
-    try:
+    def fill(tmp: Path) -> None:
         tmp.unlink()
         try:
             os.link(src, tmp)
@@ -130,11 +125,21 @@ def _link_replace(src: Path, dst: Path) -> None:
             shutil.copyfile(src, tmp)
             with open(tmp, "rb+") as f:
                 os.fsync(f.fileno())
-        os.replace(tmp, dst)
+
+    _replace(dst, fill)
+
+
+def _replace(path: Path, fill: Any) -> Path:
+    """``fill(tmp)`` a temp file beside ``path``, rename it over ``path``, fsync the folder; no temp left."""
+    tmp = _temp_path(path)
+    try:
+        fill(tmp)
+        os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    _fsync_dir(dst.parent)
+    _fsync_dir(path.parent)
+    return path
 
 
 def safe_load(path: str | os.PathLike, map_location: Any = "cpu",

@@ -1,7 +1,8 @@
 """``mmvl_run config=... [key=value ...]``: train/evaluate from YAML.
 
-``python -m mmvl_cli.run`` works too, so ``torchrun ... -m mmvl_cli.run`` does. Without a
-launcher, ``distributed.world_size=N`` (N > 1) starts N local processes itself, as
+``python -m mmvl_cli.run`` works too, so ``torchrun ... -m mmvl_cli.run`` does.
+``mmvl_run --list [kind] [env.user_dir=...]`` prints the registered names, the user's too.
+Without a launcher, ``distributed.world_size=N`` (N > 1) starts N local processes itself, as
 ``torchrun --standalone --nproc-per-node=N`` would (``distributed.max_restarts`` restarts).
 """
 from __future__ import annotations
@@ -16,8 +17,12 @@ def _run(opts: list[str]) -> int:
     from mmvl.config import load_config
     from mmvl.trainers import run
 
-    if opts and opts[0] == "--list":
-        print_registry(opts[1] if len(opts) > 1 else None)
+    if opts and opts[0] == "--list":  # --list [kind] [env.user_dir=... | config=...]
+        from mmvl.config import import_registrations
+
+        kinds = [o for o in opts[1:] if "=" not in o]
+        import_registrations([o for o in opts[1:] if "=" in o])
+        print_registry(kinds[0] if kinds else None)
         return 0
     config = load_config(opts)
     return run_or_launch(config, "mmvl_cli.run", opts, run)

@@ -24,5 +24,5 @@ def write_predictions(save_dir: str, dataset: str, split: str, rows: list[dict[s
         text = buf.getvalue()
     else:
         text = json.dumps(rows)
-    atomic_write(path, "w", lambda f: f.write(text), encoding="utf-8")
+    atomic_write(path, "w", lambda f: f.write(text))
     return path

@@ -28,7 +28,8 @@ import uuid
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from mmvl.distributed.init import config_value, detect_launcher, device_count
+from mmvl.config.access import config_value
+from mmvl.distributed.init import detect_launcher, device_count
 from mmvl.errors import UserError
 
 log = logging.getLogger(__name__)

@@ -36,7 +36,7 @@ RESUME_SAFE_KEYS = (
     # how fast data is loaded
     "training.num_workers", "training.pin_memory", "training.persistent_workers",
     # logging and hooks that observe or stop the loop
-    "training.progress_bar", "training.tensorboard", "training.callbacks", "training.early_stop.*",
+    "training.progress_bar", "training.callbacks", "training.early_stop.*",
     "training.exit_on_nan",
     # where it runs: device, processes, launcher, how the work is spread
     "training.device", "distributed.*",

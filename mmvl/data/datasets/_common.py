@@ -6,16 +6,17 @@ naming the file and what is wrong, instead of a ``KeyError`` deep in a worker.
 """
 from __future__ import annotations
 
-import inspect
 import json
 import logging
 import os
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable
 
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import Dataset
 
+from mmvl.config.access import plain
+from mmvl.config.components import build_component
 from mmvl.data.base import DatasetBuilder
 from mmvl.data.processors.image import TorchvisionTransforms
 from mmvl.errors import UserError
@@ -25,11 +26,6 @@ log = logging.getLogger("mmvl")
 
 BAD_IMAGE_POLICIES = ("error", "skip")
 _PLAIN_PIXELS = TorchvisionTransforms()  # float C x H x W in [0, 1] when no image_processor is set
-
-
-def plain(value: Any) -> Any:
-    """OmegaConf nodes -> plain Python containers (resolved)."""
-    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
 
 
 def data_path(data_dir: str, folder: str | None, path: str | os.PathLike) -> Path:
@@ -110,42 +106,10 @@ def build_processor(spec: Any, dataset: str, key: str, **extra: Any) -> Any:
     """``{type, params}`` -> a registered processor; ``extra`` fills params the spec leaves unset/null.
 
     An ``extra`` key the processor does not accept is dropped, so builders can
-    offer e.g. the training texts to any text processor; so are null params it
-    does not accept, so a YAML default like ``vocab_file: null`` survives a
-    switch of ``type``.
+    offer e.g. the training texts to any text processor (see
+    :func:`mmvl.config.components.bind_params`).
     """
-    spec = plain(spec) or {}
-    if not isinstance(spec, Mapping) or "type" not in spec:
-        raise UserError(f"{dataset}: processors.{key} must be {{type: <processor>, params: {{...}}}}, got {spec!r}.")
-    cls = PROCESSORS.get(str(spec["type"]))
-    params = dict(spec.get("params") or {})
-    accepted = _accepted(cls)
-    for name, value in extra.items():
-        if params.get(name) is None and (accepted is None or name in accepted):
-            params[name] = value() if callable(value) else value
-    if accepted is not None:
-        # a null param another processor type takes (vocab_file after switching to bert_tokenizer) is unset
-        params = {k: v for k, v in params.items() if k in accepted or v is not None}
-        unknown = sorted(set(params) - accepted)
-        if unknown:
-            raise UserError(f"{dataset}: processors.{key} ({spec['type']}) got unknown params {unknown}; "
-                            f"accepted: {sorted(accepted)}.")
-    return cls(**params)
-
-
-def _accepted(cls: Any) -> set[str] | None:
-    try:
-        sig = inspect.signature(cls)
-    except (TypeError, ValueError):
-        return None
-    if any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
-        return None
-    return {n for n, p in sig.parameters.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
-
-
-def accepts(cls_or_obj: Any, name: str) -> bool:
-    accepted = _accepted(cls_or_obj if isinstance(cls_or_obj, type) else type(cls_or_obj))
-    return accepted is None or name in accepted
+    return build_component(PROCESSORS, spec, where=f"dataset_config.{dataset}.processors.{key}", defaults=extra)
 
 
 # -- images ------------------------------------------------------------------------------------
@@ -295,6 +259,13 @@ class FileDatasetBuilder(DatasetBuilder):
                             f"dataset_config.{self.name}.splits.{split} or choose another run_type.")
         return dict(spec)
 
+    def split_file(self, split: str, key: str, what: str) -> Path:
+        """The file ``splits.<split>.<key>`` names (under the data folder); a UserError when unset."""
+        name = self.split_config(split).get(key)
+        if not name:
+            raise UserError(f"{self.name}: splits.{split}.{key} is not set; give {what}.")
+        return self.path(name)
+
     def records(self, split: str) -> list[dict[str, Any]]:
         """The split's samples as plain dicts (loaded once, capped at ``max_samples``)."""
         if split not in self._records:
@@ -336,6 +307,12 @@ class FileDatasetBuilder(DatasetBuilder):
         if spec:
             import mmvl.data.features  # noqa: F401  (registers the features processor)
         return self.processor("features", data_dir=self.data_dir)
+
+    def features_info(self) -> dict[str, int]:
+        """``feature_dim`` (the width of the served region features), for model configs leaving it null."""
+        features = self.features_processor
+        ids = features.ids() if features is not None else []
+        return {"feature_dim": int(features(ids[0])["features"].shape[-1])} if ids else {}
 
     def build(self, split: str) -> Dataset:
         if split not in self._datasets:

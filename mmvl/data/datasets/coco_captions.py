@@ -24,11 +24,12 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from mmvl.data.datasets._common import (FileDatasetBuilder, ImageLoading, accepts, field_list, load_json,
+from mmvl.data.datasets._common import (FileDatasetBuilder, ImageLoading, field_list, load_json,
                                         require_fields)
 from mmvl.data.processors import image as _image  # noqa: F401  (registers torchvision_transforms)
 from mmvl.data.processors import text as _text  # noqa: F401  (registers bert_tokenizer)
 from mmvl.data.processors import vocab as _vocab  # noqa: F401  (registers vocab)
+from mmvl.config.components import accepts
 from mmvl.errors import UserError
 from mmvl.registry import PROCESSORS, register_dataset
 
@@ -96,10 +97,7 @@ class COCOCaptionsBuilder(FileDatasetBuilder):
     config_path = "datasets/coco_captions.yaml"
 
     def load_records(self, split: str) -> list[dict[str, Any]]:
-        spec = self.split_config(split)
-        if not spec.get("annotations"):
-            raise UserError(f"coco_captions: splits.{split}.annotations is not set; give the captions JSON file.")
-        path = self.path(spec["annotations"])
+        path = self.split_file(split, "annotations", "the captions JSON file")
         doc = load_json(path, self.name, "captions file")
         files: dict[Any, str] = {}
         for i, image in enumerate(field_list(doc, "images", path, self.name)):
@@ -147,7 +145,7 @@ class COCOCaptionsBuilder(FileDatasetBuilder):
                                    _SPLIT_SALT.get(split, 3), mask=mask)
 
     def model_info(self) -> dict[str, int]:
-        return {"vocab_size": int(self.text_processor.vocab_size), "num_labels": 2}
+        return {"vocab_size": int(self.text_processor.vocab_size), "num_labels": 2, **self.features_info()}
 
     def predictions(self, data: dict[str, Any], scores: Any) -> list[dict[str, Any]]:
         """``[{"id", "match_proba"}]``: the probability that the pair matches."""

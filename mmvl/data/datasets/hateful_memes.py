@@ -58,10 +58,7 @@ class HatefulMemesBuilder(FileDatasetBuilder):
     prediction_format = "csv"
 
     def load_records(self, split: str) -> list[dict[str, Any]]:
-        spec = self.split_config(split)
-        if not spec.get("annotations"):
-            raise UserError(f"hateful_memes: splits.{split}.annotations is not set; give the split's .jsonl file.")
-        path = self.path(spec["annotations"])
+        path = self.split_file(split, "annotations", "the split's .jsonl file")
         records, labelled = [], None
         for line in load_jsonl(path, self.name, "annotation file"):
             where = f"line {line['_line']}"
@@ -91,7 +88,7 @@ class HatefulMemesBuilder(FileDatasetBuilder):
                                    self.features_processor, self.policy)
 
     def model_info(self) -> dict[str, int]:
-        return {"vocab_size": int(self.text_processor.vocab_size), "num_labels": 2}
+        return {"vocab_size": int(self.text_processor.vocab_size), "num_labels": 2, **self.features_info()}
 
     def predictions(self, data: dict[str, Any], scores: Any) -> list[dict[str, Any]]:
         """The challenge's submission rows: ``id``, ``proba`` (hateful) and ``label`` (proba >= 0.5)."""

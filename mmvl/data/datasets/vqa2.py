@@ -76,9 +76,7 @@ class VQA2Builder(FileDatasetBuilder):
 
     def load_records(self, split: str) -> list[dict[str, Any]]:
         spec = self.split_config(split)
-        if not spec.get("questions"):
-            raise UserError(f"vqa2: splits.{split}.questions is not set; give the questions JSON file.")
-        qpath = self.path(spec["questions"])
+        qpath = self.split_file(split, "questions", "the questions JSON file")
         questions = field_list(load_json(qpath, self.name, "questions file"), "questions", qpath, self.name)
         records = []
         for i, q in enumerate(questions):
@@ -133,7 +131,8 @@ class VQA2Builder(FileDatasetBuilder):
                            self.features_processor, self.policy)
 
     def model_info(self) -> dict[str, int]:
-        return {"vocab_size": int(self.text_processor.vocab_size), "num_labels": self.answer_processor.num_answers}
+        return {"vocab_size": int(self.text_processor.vocab_size), "num_labels": self.answer_processor.num_answers,
+                **self.features_info()}
 
     def predictions(self, data: dict[str, Any], scores: Any) -> list[dict[str, Any]]:
         ids = data.get("id", [])
