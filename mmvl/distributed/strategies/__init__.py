@@ -48,7 +48,7 @@ def build_strategy(config: Any, env: DistEnv) -> Strategy:
     without one, is a UserError: training unwrapped instead is not what the user asked for."""
     name = resolve_strategy_name(config, env)
     cls = STRATEGIES.get(name)
-    if getattr(cls, "needs_process_group", False) and not comm.is_initialized():
+    if getattr(cls, "needs_process_group", False) and env.world_size <= 1 and not comm.is_initialized():
         raise UserError(
             f"distributed.strategy={name} needs several processes but this run is one process; set "
             "distributed.world_size=<N> (mmvl_run then starts N processes) or start it with torchrun/srun, "
