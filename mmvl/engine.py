@@ -359,14 +359,19 @@ class Engine:
     def save_sharded(self, directory: str, model: torch.nn.Module, optimizer: Any = None,
                      extra: dict[str, Any] | None = None) -> None:
         """Every rank writes its part of model+optimizer; rank 0 adds ``extra``, then the marker."""
-        self.strategy.save_sharded_state(model, _inner(optimizer), directory, extra=extra)
+        from mmvl.checkpoint import save_sharded
+
+        save_sharded(directory, self.strategy, model, _inner(optimizer), extra=extra)
 
     def can_load_sharded(self, optimizer: Any = None) -> bool:
         return self.strategy.can_load_sharded(_inner(optimizer))
 
     def load_sharded(self, directory: str, model: torch.nn.Module, optimizer: Any = None) -> None:
-        """Every rank reads model+optimizer from a sharded directory (re-sharded to this world size)."""
-        self.strategy.load_sharded_state(model, _inner(optimizer), directory)
+        """Every rank reads model (+optimizer unless None) from a complete sharded directory
+        (re-sharded to this world size)."""
+        from mmvl.checkpoint import load_sharded
+
+        load_sharded(directory, self.strategy, model, _inner(optimizer))
 
     def save_state(self, path: str) -> None:
         """Save what ``prepare`` saw (model, optimizer, scaler, scheduler, RNG) to one file."""

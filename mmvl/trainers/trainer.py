@@ -31,8 +31,9 @@ from mmvl.errors import UserError
 from mmvl.losses import build_losses, compute_losses
 from mmvl.metrics import build_metrics, concat_for_metrics
 from mmvl.optim import base_lr, build_optimizer, build_scheduler
-from mmvl.trainers.callbacks.checkpoint import resume, save_checkpoint
+from mmvl.trainers.callbacks.checkpoint import save_checkpoint
 from mmvl.trainers.finite import NonFiniteGuard, NonFiniteLossError
+from mmvl.trainers.resume import load_pretrained, resume
 from mmvl.utils.flops import FlopCount, batch_tokens
 from mmvl.utils.rng import get_rng_state, seed_everything, set_rng_state
 
@@ -76,6 +77,7 @@ class Trainer:
         self._prepare_data()
         self.model = build_model(config, self.builders,
                                  checkpointing=not self.engine.strategy.handles_gradient_checkpointing)
+        load_pretrained(self.model, config)  # checkpoint.resume_pretrained: weights only, before wrapping
         self.losses = build_losses(list(model_config(config, self.builders).get("losses") or []))
         optimizer = build_optimizer(self.model, config, device=self.env.device)
         self.model, self.optimizer = self.engine.prepare(self.model, optimizer)

@@ -137,11 +137,12 @@ def test_sharded_checkpoints_resume_prune_and_reshard(tmp_path):
     for k, v in full["model"].items():
         torch.testing.assert_close(ddp[k], v, atol=1e-5, rtol=0, msg=f"fsdp -> ddp: {k}")
 
-    # the world-2 sharded_15 resumes in one process (fsdp falls back to single; DCP re-shards)
+    # the world-2 sharded_15 resumes in one process (DCP re-shards)
     torch.set_num_threads(1)
-    single = Trainer(load_config(_opts(str(tmp_path / "single"))))
+    one = ("distributed.strategy=single", "distributed.sharded_checkpoint=false")
+    single = Trainer(load_config(_opts(str(tmp_path / "single"), *one)))
     single.fit()
-    w1 = Trainer(load_config(_opts(str(tmp_path / "w1"), "checkpoint.resume_file="
+    w1 = Trainer(load_config(_opts(str(tmp_path / "w1"), *one, "checkpoint.resume_file="
                                    f"{tmp_path / 'full' / 'save' / 'checkpoints' / 'sharded_15'}")))
     assert w1.update == 15
     w1.fit()

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import resource
+import sys
 import time
 from typing import Any
 
@@ -60,7 +61,9 @@ class LoggingCallback(Callback):
 
     def on_train_start(self) -> None:
         t = self.trainer
-        if self.main and t.config.training.get("progress_bar", True):
+        # a bar only on a terminal: in a file (a SLURM log) its \r frames are noise, and the
+        # log lines below say the same (update/total, loss, speed, time left)
+        if self.main and t.config.training.get("progress_bar", True) and sys.stderr.isatty():
             self.bar = tqdm(total=t.max_updates, initial=t.update, desc="train", unit="upd",
                             dynamic_ncols=True, leave=False)
         self._reset_window()
@@ -103,9 +106,10 @@ class LoggingCallback(Callback):
             extra = (f" | {event['tokens_per_s']:.0f} tokens/s" if self.tokens else "") + \
                 (f" | MFU {100 * util:.1f}%" if util is not None else "")
             log.info("update %d/%d | epoch %d | loss %.4f | lr %.3g | %.1f samples/s%s | "
-                     "%.3f s/update | peak mem %.0f MB", t.update, t.max_updates, t.epoch,
+                     "%.3f s/update | peak mem %.0f MB | eta %s", t.update, t.max_updates, t.epoch,
                      event["total_loss"], event["lr"], event["samples_per_s"], extra,
-                     event["s_per_update"], event["peak_mem_mb"])
+                     event["s_per_update"], event["peak_mem_mb"],
+                     _clock(event["s_per_update"] * (t.max_updates - t.update)))
         self.write(event)
         self._reset_window()
 
@@ -133,6 +137,12 @@ class LoggingCallback(Callback):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.wall_before, self.wall_start = float(state.get("wall_s", 0.0)), time.perf_counter()
+
+
+def _clock(seconds: float) -> str:
+    """``h:mm:ss``, as the progress bar shows time left."""
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
 def _peak_memory_mb(device: torch.device) -> float:
