@@ -10,7 +10,9 @@ run_type=test and evaluation.predict=true preset, so it takes the same arguments
   datasets=A[,B]     the datasets to predict on (dataset= also works)
   run_type=TYPE      test (preset); val predicts on the validation split instead
   a.b.c=VALUE        any config key, VALUE read as YAML (3, 1e-3, true, null, [a,b])
-  checkpoint.resume_file=PATH   the checkpoint whose weights make the predictions
+  checkpoint.resume_file=PATH   the checkpoint whose weights make the predictions; without it,
+                     the newest checkpoint in env.save_dir; with neither it stops (untrained
+                     weights predict nothing useful)
 
 Options:
   --debug            show the full traceback of an error (also MMVL_DEBUG=1); without it
@@ -32,8 +34,28 @@ Examples:
 from __future__ import annotations
 
 import sys
+from typing import Any
 
-from mmvl_cli.common import cli_main
+from mmvl_cli.common import cli_main, command, run_or_launch
+
+
+def require_checkpoint(config: Any) -> None:
+    """A UserError unless ``config`` names a checkpoint or finds one in ``env.save_dir``."""
+    from mmvl.checkpoint import CheckpointManager
+    from mmvl.errors import UserError
+
+    ck = config.checkpoint
+    if ck.get("resume_file"):
+        return
+    manager = CheckpointManager(str(config.env.save_dir))
+    if str(ck.get("resume")).lower() == "false":
+        why = "checkpoint.resume=false keeps it from loading one"
+    elif manager.find_latest(best=bool(ck.get("resume_best"))) is None:
+        why = f"there is no checkpoint in {manager.directory}"
+    else:
+        return
+    raise UserError(f"mmvl_predict needs trained weights, and {why}; set checkpoint.resume_file=<path.ckpt>, "
+                    "or env.save_dir=<the training run's folder>.")
 
 
 def _predict(opts: list[str]) -> int:
@@ -42,12 +64,16 @@ def _predict(opts: list[str]) -> int:
     from mmvl.trainers import run
 
     config = load_config(["run_type=test", "evaluation.predict=true", *opts])
-    run(config)
-    return 0
+    require_checkpoint(config)
+    return run_or_launch(config, "mmvl_cli.predict", opts, run)
 
 
 def main(argv: list[str] | None = None) -> int:
-    return cli_main(_predict, sys.argv[1:] if argv is None else argv, __doc__ or "")
+    """``argv`` given: run in this process and return the exit status (tests, scripts). None: the
+    command itself, which ends the process (see :func:`mmvl_cli.common.command`)."""
+    if argv is None:
+        command(lambda: cli_main(_predict, sys.argv[1:], __doc__ or ""))
+    return cli_main(_predict, argv, __doc__ or "")
 
 
 if __name__ == "__main__":

@@ -15,6 +15,8 @@ Arguments are key=value pairs, applied in this order (later wins):
                      dotted; VALUE is read as YAML: 3, 1e-3, true, null, [a,b], {k: v}.
                      Misspelt keys are rejected with a suggestion.
   env.user_dir=DIR   import your own package first (models, datasets, metrics you registered)
+  distributed.world_size=N   without a launcher (torchrun, SLURM), N > 1 starts N local
+                     processes itself, as torchrun --standalone --nproc-per-node=N would
 
 Options:
   --list [KIND]      print every registered name, or those of one KIND (model, dataset,
@@ -43,7 +45,7 @@ from __future__ import annotations
 
 import sys
 
-from mmvl_cli.common import cli_main, print_registry
+from mmvl_cli.common import cli_main, command, print_registry, run_or_launch
 
 
 def _run(opts: list[str]) -> int:
@@ -59,12 +61,15 @@ def _run(opts: list[str]) -> int:
         print_registry(kinds[0] if kinds else None)
         return 0
     config = load_config(opts)
-    run(config)
-    return 0
+    return run_or_launch(config, "mmvl_cli.run", opts, run)
 
 
 def main(argv: list[str] | None = None) -> int:
-    return cli_main(_run, sys.argv[1:] if argv is None else argv, __doc__ or "")
+    """``argv`` given: run in this process and return the exit status (tests, scripts). None: the
+    command itself, which ends the process (see :func:`mmvl_cli.common.command`)."""
+    if argv is None:
+        command(lambda: cli_main(_run, sys.argv[1:], __doc__ or ""))
+    return cli_main(_run, argv, __doc__ or "")
 
 
 if __name__ == "__main__":

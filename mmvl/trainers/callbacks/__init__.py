@@ -10,20 +10,21 @@ from mmvl.trainers.callbacks.curves import CurvesCallback
 from mmvl.trainers.callbacks.early_stop import EarlyStopCallback
 from mmvl.trainers.callbacks.evaluation import EvaluationCallback
 from mmvl.trainers.callbacks.logging import LoggingCallback
-from mmvl.trainers.callbacks.lr import LRSchedulerCallback
 from mmvl.trainers.callbacks.preemption import PreemptionCallback
+from mmvl.trainers.callbacks.profiler import ProfilerCallback
 from mmvl.trainers.callbacks.tensorboard import TensorBoardCallback, tensorboard_enabled
 
 __all__ = ["Callback", "CheckpointCallback", "CurvesCallback", "EarlyStopCallback", "EvaluationCallback",
-           "LoggingCallback", "LRSchedulerCallback", "PreemptionCallback", "TensorBoardCallback",
+           "LoggingCallback", "PreemptionCallback", "ProfilerCallback", "TensorBoardCallback",
            "default_callbacks"]
 
 
 def default_callbacks(trainer: Any) -> list[Callback]:
-    """LR first (it records the LR used), then logging (TensorBoard and curves read what it
-    wrote), evaluation, early stop, checkpoint, and preemption last (it saves through the
-    checkpoint callback). TensorBoard and curves.png as ``training.tensorboard``/``curves`` say."""
-    callbacks = [LRSchedulerCallback(trainer), LoggingCallback(trainer)]
+    """Profiler first (its window starts before anything else of an update), then logging
+    (TensorBoard and curves read what it writes, as ``training.tensorboard``/``curves`` say),
+    evaluation, early stop (sets ``is_best``), checkpoint (reads it), and preemption last (it
+    stops after this update's checkpoint)."""
+    callbacks = [ProfilerCallback(trainer), LoggingCallback(trainer)]
     if tensorboard_enabled(trainer.config):
         callbacks.append(TensorBoardCallback(trainer))
     if config_value(trainer.config, "training.curves", True):

@@ -240,3 +240,12 @@ def test_regions_option_serves_features_instead_of_pixels(tmp_path):
     assert ((batch["boxes"][..., 2:] - batch["boxes"][..., :2]) * 75).sub(11).abs().max() < 1e-4
     with pytest.raises(UserError, match="regions"):
         builder(tmp_path, regions="boxes")
+
+
+def test_generated_folder_follows_the_umask(tmp_path, umask):
+    """Teammates can read a shared data folder: not mkdtemp's 0700."""
+    from tests.fixtures.modes import tree, wrong_modes
+
+    one = builder(tmp_path)
+    one.prepare()
+    assert wrong_modes(tree(one.root), umask) == []
