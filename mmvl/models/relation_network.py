@@ -73,19 +73,27 @@ class PairwiseRelation(nn.Module):
         self.out_dim = hidden_sizes[-1]
         self.checkpointing = False
 
-    def forward(self, objects: torch.Tensor, question: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """``objects`` B x N x D, ``question`` B x Q, ``mask`` B x N (0: padding) -> B x out_dim."""
-        if self.checkpointing and self.training and torch.is_grad_enabled():
-            return checkpoint(self._relate, objects, question, mask, use_reentrant=False)
-        return self._relate(objects, question, mask)
+    def forward(self, objects: torch.Tensor, question: torch.Tensor, mask: torch.Tensor | None = None,
+                first: torch.Tensor | None = None) -> torch.Tensor:
+        """``objects`` B x N x D, ``question`` B x Q, ``mask`` B x N (0: padding) -> B x out_dim.
 
-    def _relate(self, objects: torch.Tensor, question: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        ``first`` (B x N, summing to 1 over the real objects) weighs each pair (i, j) by object
+        i's weight, replacing the reduction: ``sum_i first_i sum_j g(o_i, o_j, q)``.
+        """
+        if self.checkpointing and self.training and torch.is_grad_enabled():
+            return checkpoint(self._relate, objects, question, mask, first, use_reentrant=False)
+        return self._relate(objects, question, mask, first)
+
+    def _relate(self, objects: torch.Tensor, question: torch.Tensor, mask: torch.Tensor | None,
+                first: torch.Tensor | None = None) -> torch.Tensor:
         pairs = (self.left(objects).unsqueeze(2) + self.right(objects).unsqueeze(1)
                  + self.question(question)[:, None, None, :])  # B x N x N x H
         out = self.rest(torch.relu(pairs))
-        if mask is None:
+        if mask is None and first is None:
             return out.sum(dim=(1, 2)) if self.reduction == "sum" else out.mean(dim=(1, 2))
-        m = mask.to(out.dtype)
+        m = torch.ones(out.shape[:2], dtype=out.dtype, device=out.device) if mask is None else mask.to(out.dtype)
+        if first is not None:  # object i's weight times whether j is real
+            return (out * (first.to(out.dtype).unsqueeze(2) * m.unsqueeze(1)).unsqueeze(-1)).sum(dim=(1, 2))
         weights = (m.unsqueeze(2) * m.unsqueeze(1)).unsqueeze(-1)  # a pair counts if both objects are real
         total = (out * weights).sum(dim=(1, 2))
         return total if self.reduction == "sum" else total / weights.sum(dim=(1, 2)).clamp(min=1)
@@ -167,6 +175,11 @@ class RelationNetwork(BaseModel):
         self.object_encoder = ObjectEncoder(object_dim, [int(w) for w in cfg.get("object_encoder_sizes") or []],
                                             question_dim + word_dim if cfg.get("object_encoder_film") else None)
         object_dim = self.object_encoder.out_dim
+        self.attention: nn.ModuleDict | None = None
+        if cfg.get("question_attention"):  # bilinear question-object scores (see forward)
+            width = int(cfg["question_attention"]) if not isinstance(cfg["question_attention"], bool) else 64
+            self.attention = nn.ModuleDict({"query": nn.Linear(question_dim + word_dim, width),
+                                            "key": nn.Linear(object_dim, width)})
         self.relation = PairwiseRelation(object_dim, question_dim,
                                          [int(w) for w in cfg.get("g_hidden_sizes") or [256, 256, 256, 256]],
                                          str(cfg.get("pair_reduction") or "sum"))
@@ -233,10 +246,17 @@ class RelationNetwork(BaseModel):
 
     def forward(self, batch: dict[str, Any]) -> dict[str, Any]:
         question = self.encode_question(batch)
-        film_input = self.condition(batch, question) if len(self.object_encoder.films) else question
-        objects = self.object_encoder(self.objects(batch, question), film_input)
+        cond = self.condition(batch, question) if len(self.object_encoder.films) or self.attention else None
+        objects = self.object_encoder(self.objects(batch, question), question if cond is None else cond)
         mask = batch.get("feature_mask") if self.feature_dim else None
-        relation = self.relation(objects, question.to(objects.dtype), mask)
+        first = None
+        if self.attention is not None:  # softmax over the real objects of query(q) . key(o_i)
+            query, keys = self.attention["query"](cond.to(objects.dtype)), self.attention["key"](objects)
+            scores = (keys @ query.unsqueeze(-1)).squeeze(-1) / keys.shape[-1] ** 0.5
+            if mask is not None:
+                scores = scores.masked_fill(mask == 0, torch.finfo(scores.dtype).min)
+            first = scores.softmax(dim=-1)
+        relation = self.relation(objects, question.to(objects.dtype), mask, first)
         return {"scores": self.f(relation)}
 
     def enable_gradient_checkpointing(self) -> None:
