@@ -215,3 +215,37 @@ def relational_losses(steps: int, tmp_path) -> tuple[float, float]:
 def test_relational_loss_falls_below_the_priors(tmp_path):
     model_loss, prior_loss = relational_losses(400, tmp_path)
     assert model_loss < prior_loss - 0.05, (model_loss, prior_loss)
+
+
+def test_first_object_weights_replace_the_pair_sum():
+    torch.manual_seed(0)
+    rel = PairwiseRelation(4, 3, [6, 5])
+    objects, question = torch.randn(2, 5, 4), torch.randn(2, 3)
+    first = torch.softmax(torch.randn(2, 5), -1)
+    per_pair = rel.rest(torch.relu(rel.left(objects).unsqueeze(2) + rel.right(objects).unsqueeze(1)
+                                   + rel.question(question)[:, None, None, :]))  # B x i x j x H
+    expected = (per_pair * first[:, :, None, None]).sum(dim=(1, 2))
+    torch.testing.assert_close(rel(objects, question, None, first), expected)
+    uniform = torch.full((2, 5), 1 / 5)
+    torch.testing.assert_close(rel(objects, question, None, uniform) * 5, rel(objects, question))  # = the plain sum
+
+
+def test_question_attention_film_and_crop_encoder_options():
+    crop = {"type": "cnn", "params": {"channels": [4, 6], "strides": [1, 2], "coords": False}}
+    b = region_batch(dim=5 * 5 * 3)
+    plain = tiny(feature_dim=75, object_encoder_sizes=[9])
+    film = tiny(feature_dim=75, object_encoder_sizes=[9], object_encoder_film=True)
+    film.load_state_dict(plain.state_dict(), strict=False)  # FiLM starts as the identity (gamma = beta = 0)
+    torch.testing.assert_close(film.eval()(b)["scores"], plain.eval()(b)["scores"])
+    attending = tiny(feature_dim=75, question_attention=16).eval()
+    assert attending.attention["key"].out_features == 16
+    scores = attending(b)["scores"]
+    shuffled = dict(b, features=b["features"].flip(1), boxes=b["boxes"].flip(1))
+    torch.testing.assert_close(attending(shuffled)["scores"], scores, rtol=1e-4, atol=1e-5)  # still a set
+    cropped = tiny(feature_dim=75, crop_encoder=True, image_encoder=crop).eval()
+    objects = cropped.objects(b)
+    assert objects.shape == (3, 4, 6 + 5)  # the CNN's channels averaged over each 5x5 crop, then the box
+    one = cropped.objects({k: v[:, :1] if k in ("features", "boxes", "feature_mask") else v for k, v in b.items()})
+    torch.testing.assert_close(one[:, 0], objects[:, 0], rtol=1e-4, atol=1e-5)  # each crop on its own
+    with pytest.raises(UserError, match="3 \\* side"):
+        tiny(feature_dim=7, crop_encoder=True, image_encoder=crop)
