@@ -7,6 +7,11 @@ outputs are summed and the MLP ``f`` scores the answers:
 
     scores = f( sum_{i,j} g([o_i; o_j; q]) )
 
+Options beyond the paper (all off by default): an MLP over each object before the pairs
+(``object_encoder_sizes``), FiLM-ed by the question (``object_encoder_film``); an image
+encoder over each region's pixel crop (``crop_encoder``); the question's attention over the
+objects weighting each pair by its first object (``question_attention``).
+
 With ``feature_dim`` set the objects are region features with their boxes instead
 (``batch["features"]``, ``boxes``, ``feature_mask``; padded regions join no pair): the
 paper's state-description setting, where the objects are given rather than found.
@@ -177,7 +182,10 @@ class RelationNetwork(BaseModel):
         object_dim = self.object_encoder.out_dim
         self.attention: nn.ModuleDict | None = None
         if cfg.get("question_attention"):  # bilinear question-object scores (see forward)
-            width = int(cfg["question_attention"]) if not isinstance(cfg["question_attention"], bool) else 64
+            width = cfg["question_attention"]
+            if not isinstance(width, int) or width < 1:
+                raise UserError(f"relation_network: question_attention={width!r}; use false, true or a width (e.g. 64).")
+            width = 64 if width is True else width
             self.attention = nn.ModuleDict({"query": nn.Linear(question_dim + word_dim, width),
                                             "key": nn.Linear(object_dim, width)})
         self.relation = PairwiseRelation(object_dim, question_dim,
