@@ -73,7 +73,8 @@ class VisualBert(TextBertModel):
                                 "('visual'), which needs a fixed image grid; with feature_dim set use pooled, "
                                 "mean and max.")
             self.region_embeddings = RegionEmbeddings(self.feature_dim, hidden, bc.hidden_dropout_prob,
-                                                      bc.layer_norm_eps, bc.initializer_range)
+                                                      bc.layer_norm_eps, bc.initializer_range,
+                                                      box_norm=bool(cfg.get("box_norm")))
         else:
             encoder_spec = dict(cfg.get("image_encoder") or {"type": "cnn"})
             if encoder_spec.get("type") == "film_cnn":  # conditioned on the question's word embeddings
