@@ -24,6 +24,7 @@ picks the newest complete checkpoint of either form.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -32,7 +33,7 @@ import shutil
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Iterable
+from typing import IO, Any, Iterable, Iterator
 
 import torch
 
@@ -48,7 +49,8 @@ SHARDED_STATE = "state.ckpt"  # the rest of a trainer's checkpoint inside a shar
 _PREFIXES = ("module.", "_orig_mod.")
 
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_dir(directory: Path) -> None:
+    """Make a rename in ``directory`` durable (a no-op where folders cannot be opened)."""
     try:
         fd = os.open(directory, os.O_RDONLY)
     except OSError:  # e.g. platforms that cannot open directories
@@ -74,18 +76,28 @@ def atomic_save(obj: Mapping[str, Any], path: str | os.PathLike) -> Path:
 
 def _atomic_write(path: Path, mode: str, write: Any) -> Path:
     """``write(f)`` into a temp file beside ``path``, fsync, rename over ``path``, fsync the folder."""
+    with atomic_open(path, mode) as f:
+        write(f)
+    return path
+
+
+@contextlib.contextmanager
+def atomic_open(path: str | os.PathLike, mode: str = "w", **kwargs: Any) -> Iterator[IO[Any]]:
+    """A file to write ``path`` through: a temp file beside it, fsynced and renamed over ``path``
+    when the block ends without an error (removed otherwise), so ``path`` is always whole.
+    For writers that produce a file piece by piece (e.g. predictions during evaluation)."""
+    path = Path(path)
     tmp = _temp_path(path)
     try:
-        with open(tmp, mode) as f:
-            write(f)
+        with open(tmp, mode, **kwargs) as f:
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    _fsync_dir(path.parent)
-    return path
+    fsync_dir(path.parent)
 
 
 def _link_replace(src: Path, dst: Path) -> None:
@@ -103,7 +115,7 @@ def _link_replace(src: Path, dst: Path) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    _fsync_dir(dst.parent)
+    fsync_dir(dst.parent)
 
 
 def safe_load(path: str | os.PathLike, map_location: Any = "cpu",
