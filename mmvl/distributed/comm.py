@@ -75,6 +75,20 @@ def all_reduce_mean(t: torch.Tensor) -> torch.Tensor:
     return (out / get_world_size()).to(t.device)
 
 
+_OPS = {"sum": "SUM", "max": "MAX", "min": "MIN"}
+
+
+def all_reduce(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+    """``op`` (sum, max, min) of ``tensor`` over all ranks: a new tensor on ``tensor``'s device, on every rank."""
+    if op not in _OPS:
+        raise ValueError(f"all_reduce: op {op!r} is not one of {sorted(_OPS)}")
+    if get_world_size() == 1:
+        return tensor.clone()
+    out = tensor.to(_comm_device(), copy=True)
+    dist.all_reduce(out, op=getattr(dist.ReduceOp, _OPS[op]))
+    return out.to(tensor.device)
+
+
 def all_gather(tensor: torch.Tensor) -> list[torch.Tensor]:
     """Every rank's ``tensor``, in rank order; first-dimension sizes may differ across ranks.
 
