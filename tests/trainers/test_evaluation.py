@@ -167,13 +167,35 @@ def test_progress_bar_on_a_terminal(tmp_path, capsys, monkeypatch):
     assert "eval val toy" in err and f"{N_VAL}/{N_VAL}" in err and "100%" in err
 
 
-def _ordered(env, root: str) -> None:
-    if "ordered" not in registry.DATASETS:
-        registry.DATASETS.register("ordered", OrderedBuilder)
+def _prepare_on_two_ranks(env, root: str) -> dict:
+    """Both ranks prepare a slow fake split, then hateful_memes' train split; rank 0 must go first."""
+    from omegaconf import OmegaConf
+
+    import mmvl.data.datasets  # noqa: F401
+    from mmvl.data.cache import Cache
+
     prepare_split({"ordered": OrderedBuilder(None, root)}, "val")
+    built = []
+    original = Cache._build
+
+    def counting(self, path, build, what):
+        built.append(what)
+        return original(self, path, build, what)
+
+    Cache._build = counting
+    cfg = OmegaConf.load(os.path.join(os.path.dirname(HERE), "..", "configs", "datasets", "hateful_memes.yaml"))
+    builder = registry.DATASETS.get("hateful_memes")(cfg.dataset_config.hateful_memes, root)
+    prepare_split({"hateful_memes": builder}, "train")
+    return {"built": built, "ids": builder.records("train").column("id").tolist()}
 
 
-def test_rank_zero_prepares_first_while_the_others_wait(tmp_path):
-    launch(_ordered, world_size=2, args=(str(tmp_path),), timeout=120)
+def test_rank_zero_prepares_and_caches_while_the_others_wait(tmp_path):
+    from tests.fixtures.vl_data import write_hateful_memes
+
+    write_hateful_memes(tmp_path)
+    ranks = launch(_prepare_on_two_ranks, world_size=2, args=(str(tmp_path),), timeout=120)
     assert (tmp_path / "val.built").is_file()
     assert (tmp_path / "val.rank1").read_text() == "True"  # rank 1 ran only after rank 0 had finished
+    # rank 0 parsed and cached; rank 1 only mapped what it wrote
+    assert ranks[0]["built"] == ["train split", "text_processor vocabulary"] and ranks[1]["built"] == []
+    assert ranks[0]["ids"] == ranks[1]["ids"] == list(range(1000, 1008))

@@ -135,9 +135,11 @@ def generate_split(num_images: int, questions_per_image: int, seed: int, size: i
 class SortOfClevrDataset(Dataset):
     """One split: items are dicts of a normalised image, question tokens and the answer index."""
 
-    def __init__(self, images: np.ndarray, questions: Table, text_processor, mean: list[float], std: list[float]):
+    def __init__(self, images: np.ndarray, questions: Table | list[dict[str, Any]], text_processor,
+                 mean: list[float], std: list[float]):
         self.images = torch.from_numpy(images).permute(0, 3, 1, 2).contiguous()  # uint8 NxCxHxW
-        self.questions = questions
+        self.questions = questions if isinstance(questions, Table) else Table.from_rows(questions)
+        questions = self.questions
         self.ids, self.image_rows = questions.column("id"), questions.column("image")
         self.types, self.answers = questions.column("type"), questions.column("answer")
         self.texts = questions.column("question")
