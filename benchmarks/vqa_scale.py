@@ -19,9 +19,14 @@ cache of memory-mapped files is not a copy) at its first and last sample, and th
 during evaluation (``VmHWM`` reset with ``/proc/self/clear_refs`` when it starts). Timings
 depend on the machine's load; memory figures do not.
 
-    python benchmarks/vqa_scale.py --scale 1 --data-dir /work/data_scale   # generated once, reused
-    python benchmarks/vqa_scale.py --scale 0.01                            # CI-sized, ~30 s
-    python benchmarks/vqa_scale.py --scale 1 --mmvl-root /tmp/old_mmvl --updates 300 --no-eval  # a baseline
+    python benchmarks/vqa_scale.py --scale 1 --data-dir /work/data_scale/s1   # generated once (~2 min), reused
+    python benchmarks/vqa_scale.py --scale 0.01                               # CI-sized
+    # also a baseline's first run (e.g. `git worktree add /tmp/main main`), printed as ratios ours/baseline
+    python benchmarks/vqa_scale.py --scale 1 --data-dir /work/data_scale/s1 --baseline-root /tmp/main
+
+With ``--baseline-root`` a ``vqa_scale_vs_baseline first_startup=<ours/theirs> ...`` line
+comes before the summary. ``--threads 1`` keeps timings usable on a loaded machine (two
+OpenMP threads spin against other jobs' processes).
 
 The last line is ``vqa_scale scale=<s> startup_s=<first> cached_startup_s=<second>
 samples_per_s=<x> main_peak_mb=<m> worker_private_growth_mb=<w> eval_peak_mb=<e>``.
@@ -156,7 +161,8 @@ def _write_features(path: Path, image_ids: dict[str, np.ndarray], rng: np.random
 
 
 # -- one measured run in a child process -----------------------------------------------------------
-def _opts(args: argparse.Namespace, data_dir: Path, save_dir: Path, cache_dir: Path, updates: int) -> list[str]:
+def _opts(args: argparse.Namespace, root: str, data_dir: Path, save_dir: Path, cache_dir: Path,
+          updates: int) -> list[str]:
     feats = data_dir / "vqa2" / "features" / "trainval.lmdb"
     model = {"hidden_size": args.hidden, "num_hidden_layers": args.layers, "num_attention_heads": 2,
              "intermediate_size": 2 * args.hidden, "max_position_embeddings": 64, "feature_dim": DIM,
@@ -171,7 +177,7 @@ def _opts(args: argparse.Namespace, data_dir: Path, save_dir: Path, cache_dir: P
             f"{{type: features, params: {{path: {feats}, max_features: {BOXES}}}}}",
             "training.callbacks=[{type: vqa_scale_probe}]"]
     opts += [f"model_config.visual_bert.{k}={v}" for k, v in model.items()]
-    if _has_cache_key(args.mmvl_root):
+    if _has_cache_key(root):  # an older checkout (a baseline) has no env.cache_dir
         opts.append(f"env.cache_dir={cache_dir}")
     return opts
 
@@ -274,7 +280,7 @@ class Sampler(threading.Thread):
 
 
 def measure(args: argparse.Namespace, name: str, data_dir: Path, work: Path, cache_dir: Path,
-            updates: int, evaluate: bool) -> dict[str, Any]:
+            updates: int, evaluate: bool, prepare_val: bool = False, root: str | None = None) -> dict[str, Any]:
     """One run in a child process on a pseudo-terminal; returns its events and memory samples."""
     import fcntl
     import pty
@@ -283,9 +289,10 @@ def measure(args: argparse.Namespace, name: str, data_dir: Path, work: Path, cac
 
     run_dir = work / name
     run_dir.mkdir(parents=True, exist_ok=True)
-    spec = {"mmvl_root": str(Path(args.mmvl_root).resolve()), "events": str(run_dir / "events.jsonl"),
-            "opts": _opts(args, data_dir, run_dir / "save", cache_dir, updates), "evaluate": evaluate,
-            "prepare_val": not evaluate, "interval": args.interval}
+    root = root or args.mmvl_root
+    spec = {"mmvl_root": str(Path(root).resolve()), "events": str(run_dir / "events.jsonl"),
+            "opts": _opts(args, root, data_dir, run_dir / "save", cache_dir, updates), "evaluate": evaluate,
+            "prepare_val": prepare_val, "interval": args.interval}
     (run_dir / "spec.json").write_text(json.dumps(spec))
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))  # a 120-column terminal
@@ -332,8 +339,8 @@ def summarise(run: dict[str, Any]) -> dict[str, Any]:
         out["samples_per_s"] = updates * last["samples"] / max(last["t"] - first["t"], 1e-9)
     workers = {}
     for pid, samples in s.workers.items():
-        during = [(t, r) for t, r in samples if t <= end["t"]]
-        if during and during[0][0] < first["t"] + 1e9:
+        during = [(t, r) for t, r in samples if t <= end["t"]]  # the train loader's workers, not eval's
+        if during:
             workers[pid] = {"first_private_mb": during[0][1].get("Private_Dirty", 0) / 1024,
                             "last_private_mb": during[-1][1].get("Private_Dirty", 0) / 1024,
                             "last_private_clean_mb": during[-1][1].get("Private_Clean", 0) / 1024,
@@ -372,6 +379,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="OMP_NUM_THREADS of the runs (default: unset; 1 keeps timings sane on a loaded machine)")
     p.add_argument("--interval", type=float, default=0.5, help="seconds between memory samples")
     p.add_argument("--mmvl-root", default=str(ROOT), help="the mmvl checkout to measure (e.g. an older one)")
+    p.add_argument("--baseline-root", default=None, help="another mmvl checkout (e.g. main) whose first run "
+                   "(empty cache) is measured before ours; prints ratios ours/baseline")
+    p.add_argument("--baseline-updates", type=int, default=300, help="updates of the baseline's run")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
@@ -392,10 +402,18 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(cache_dir, ignore_errors=True)
         train_batches = info["questions"]["train"] // args.batch_size
         updates = args.updates or train_batches
-        first = summarise(measure(args, "first", data_dir, work, cache_dir, updates, evaluate=False))
+        baseline = None
+        if args.baseline_root:  # the same first run on another checkout (e.g. main), before ours
+            baseline = summarise(measure(args, "baseline", data_dir, work, work / "baseline_cache",
+                                         args.baseline_updates, evaluate=False, root=args.baseline_root))
+        first = summarise(measure(args, "first", data_dir, work, cache_dir, updates, evaluate=False,
+                                  prepare_val=not args.no_eval))
         cached = summarise(measure(args, "cached", data_dir, work, cache_dir, args.cached_updates,
                                    evaluate=not args.no_eval))
         report(args, info, updates, train_batches, first, cached)
+        if baseline is not None:
+            compare(args, baseline, first)
+        summary(args, first, cached)
     finally:
         for d in temps:
             shutil.rmtree(d, ignore_errors=True)
@@ -424,12 +442,27 @@ def report(args: argparse.Namespace, info: dict[str, Any], updates: int, train_b
               f"({cached['eval_samples_per_s']:.0f} samples/s), peak RSS {cached['eval_peak_mb']:.0f} MB; "
               f"results {json.dumps(cached['eval_results'])}")
         print(f"  last progress bar frame: {cached['eval_bar']}")
+
+
+def summary(args: argparse.Namespace, first: dict[str, Any], cached: dict[str, Any]) -> None:
+    """The one-line result, always the last line."""
     growth = max((w["last_private_mb"] - w["first_private_mb"] for w in first["workers"].values()), default=0.0)
     eval_peak = cached.get("eval_peak_mb", float("nan"))
     print(f"vqa_scale scale={args.scale:g} startup_s={first['startup_s']:.1f} "
           f"cached_startup_s={cached['startup_s']:.1f} samples_per_s={first.get('samples_per_s', 0):.0f} "
           f"main_peak_mb={first['main_peak_mb']:.0f} worker_private_growth_mb={growth:.1f} "
           f"eval_peak_mb={eval_peak:.0f}", flush=True)
+
+
+def compare(args: argparse.Namespace, baseline: dict[str, Any], first: dict[str, Any]) -> None:
+    """Ratios ours/baseline of the first run (start-up, its main-process CPU, main peak RSS)."""
+    growth = max((w["last_private_mb"] - w["first_private_mb"] for w in baseline["workers"].values()), default=0.0)
+    print(f"baseline  : {args.baseline_root}, {args.baseline_updates} updates: start-up {baseline['startup_s']:.1f} s "
+          f"(main process CPU {baseline['startup_cpu_s']:.1f} s), main peak RSS {baseline['main_peak_mb']:.0f} MB, "
+          f"worker private growth {growth:.1f} MB")
+    print(f"vqa_scale_vs_baseline first_startup={first['startup_s'] / baseline['startup_s']:.2f} "
+          f"first_startup_cpu={first['startup_cpu_s'] / max(baseline['startup_cpu_s'], 1e-9):.2f} "
+          f"main_peak={first['main_peak_mb'] / baseline['main_peak_mb']:.2f}", flush=True)
 
 
 if __name__ == "__main__":
