@@ -75,10 +75,13 @@ class Metric:
         self.require_samples()
         batch = {k: self.state(f"batch.{k}") for k in self.required_keys}
         output = {k: self.state(f"output.{k}") for k in self.output_keys}
+        if type(self).compute_metric is Metric.compute_metric and type(self).__call__ is not Metric.__call__:
+            return self(batch, output)  # a subclass that overrides __call__ over the whole set
         return self.compute_metric(batch, output)
 
     def compute_metric(self, batch: Mapping[str, Any], output: Mapping[str, Any]) -> dict[str, float]:
-        raise NotImplementedError(f"metric {self.name!r}: implement update()/compute() (or compute_metric)")
+        raise UserError(f"metric {self.name!r} ({type(self).__qualname__}) implements neither update()/compute() "
+                        "nor compute_metric(batch, output); see the METRICS contract in mmvl/registry.py.")
 
     def check(self, batch: Mapping[str, Any], output: Mapping[str, Any]) -> int:
         """Raise a UserError unless the inputs the metric reads are there and agree; the sample count."""

@@ -222,3 +222,26 @@ def test_metric_written_for_the_whole_set_still_works():
     assert m.compute() == {"median_score": 4.0}
     with pytest.raises(UserError, match="0 samples"):
         Median().compute()
+
+
+def test_earlier_call_style_and_empty_metrics():
+    """A subclass overriding __call__ (whole set) still works; one implementing nothing is a UserError."""
+    class Mean(METRICS.get("accuracy").__mro__[1]):
+        name = "mean_score"
+
+        def __call__(self, batch, output):
+            return {"mean_score": output["scores"].mean().item()}
+
+    m = Mean()
+    m.reset()
+    m.update({"targets": torch.zeros(2)}, {"scores": torch.tensor([1.0, 2.0])})
+    m.update({"targets": torch.zeros(1)}, {"scores": torch.tensor([6.0])})
+    assert m.compute() == {"mean_score": 3.0}
+
+    class Nothing(METRICS.get("accuracy").__mro__[1]):
+        name = "nothing"
+
+    n = Nothing()
+    n.update({"targets": torch.zeros(1)}, {"scores": torch.zeros(1)})
+    with pytest.raises(UserError, match="implements neither"):
+        n.compute()
