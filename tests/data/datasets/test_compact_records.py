@@ -97,7 +97,7 @@ def test_python_objects_do_not_grow_with_the_samples(tmp_path, name):
 
 def test_sort_of_clevr_objects_do_not_grow(tmp_path):
     counts = []
-    for images in (2, 40):
+    for images in (2, 12):
         b = registry.DATASETS.get("sort_of_clevr")(OmegaConf.create({"num_images": images, "num_val_images": 1,
                                                                        "num_test_images": 1}), str(tmp_path))
         b.prepare()
