@@ -1,8 +1,9 @@
 """A plain PyTorch training loop ported to the mmvl Engine.
 
 Run on one process:            python examples/engine_loop.py
-Run on two CPU processes:      torchrun --nproc_per_node=2 examples/engine_loop.py
-The lines marked `# mmvl` are the only changes from the plain loop.
+Run on two processes:          torchrun --nproc_per_node=2 examples/engine_loop.py
+The lines marked `# mmvl` are the only changes from the plain loop. Under torchrun the
+Engine joins the process group itself (NCCL on GPUs, one GPU per process; gloo on CPUs).
 """
 from __future__ import annotations
 
@@ -13,8 +14,6 @@ from mmvl.engine import Engine  # mmvl
 
 
 def main(updates: int = 50) -> float:
-    if "RANK" in __import__("os").environ and not torch.distributed.is_initialized():
-        torch.distributed.init_process_group("gloo")
     torch.manual_seed(0)
     x = torch.randn(512, 16)
     y = (x[:, :8].sum(1) > 0).long()
@@ -39,6 +38,7 @@ def main(updates: int = 50) -> float:
             if step >= updates:
                 break
     with torch.no_grad():
+        x, y = engine.to_device((x, y))                                          # mmvl
         acc = (engine.unwrap_model(model)(x).argmax(1) == y).float().mean().item()
     if engine.is_main_process:                                                   # mmvl
         print(f"train accuracy after {updates} updates: {acc:.3f}")

@@ -6,6 +6,8 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from mmvl import registry
+from mmvl.config.access import config_value, plain_dict
+from mmvl.config.components import build_component
 from mmvl.data.base import DatasetBuilder
 from mmvl.errors import UserError
 
@@ -27,14 +29,14 @@ def build_datasets(config: DictConfig) -> dict[str, DatasetBuilder]:
         cls = registry.DATASETS.get(name)
         ds_config = config.dataset_config.get(name) or OmegaConf.create({})
         builders[name] = cls(ds_config, str(config.env.data_dir))
-        builders[name].cache_dir = config.env.get("cache_dir")
+        builders[name].cache_dir = config_value(config, "env.cache_dir")
     return builders
 
 
 def model_config(config: DictConfig, builders: dict[str, DatasetBuilder]) -> DictConfig:
     """``model_config.<model>`` with null ``vocab_size``/``num_labels`` filled from the data."""
     name = config.model
-    mcfg = OmegaConf.create(OmegaConf.to_container(config.model_config.get(name) or {}))
+    mcfg = OmegaConf.create(plain_dict(config_value(config, f"model_config.{name}")))
     for builder in builders.values():
         info: dict[str, Any] = getattr(builder, "model_info", lambda: {})()
         for key, value in info.items():
@@ -59,7 +61,6 @@ def build_callbacks(config: DictConfig, trainer: Any) -> list[Any]:
     from mmvl.trainers.callbacks import default_callbacks
 
     callbacks = default_callbacks(trainer)
-    for spec in config.training.get("callbacks") or []:
-        cls = registry.CALLBACKS.get(spec["type"])
-        callbacks.append(cls(trainer, **dict(spec.get("params") or {})))
+    for i, entry in enumerate(config_value(config, "training.callbacks") or []):
+        callbacks.append(build_component(registry.CALLBACKS, entry, trainer, where=f"training.callbacks[{i}]"))
     return callbacks

@@ -71,39 +71,36 @@ def atomic_save(obj: Mapping[str, Any], path: str | os.PathLike) -> Path:
     """``torch.save`` to a temp file beside ``path``, fsync, then rename over it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    return _atomic_write(path, "wb", lambda f: torch.save(obj, f))
+    return atomic_write(path, "wb", lambda f: torch.save(obj, f))
 
 
-def _atomic_write(path: Path, mode: str, write: Any) -> Path:
-    """``write(f)`` into a temp file beside ``path``, fsync, rename over ``path``, fsync the folder."""
+def atomic_write(path: str | os.PathLike, mode: str, write: Any) -> Path:
+    """``write(f)`` into a temp file beside ``path``, fsync, rename over ``path``, fsync the folder.
+
+    The one atomic writer: checkpoints, markers, ``config.yaml`` and predictions all
+    go through it, so a crash leaves either the old file or the new one, never half.
+    ``mode`` is ``"wb"`` or ``"w"`` (text is UTF-8).
+    """
     with atomic_open(path, mode) as f:
         write(f)
-    return path
+    return Path(path)
 
 
 @contextlib.contextmanager
-def atomic_open(path: str | os.PathLike, mode: str = "w", **kwargs: Any) -> Iterator[IO[Any]]:
-    """A file to write ``path`` through: a temp file beside it, fsynced and renamed over ``path``
-    when the block ends without an error (removed otherwise), so ``path`` is always whole.
-    For writers that produce a file piece by piece (e.g. predictions during evaluation)."""
-    path = Path(path)
-    tmp = _temp_path(path)
-    try:
-        with open(tmp, mode, **kwargs) as f:
+def atomic_open(path: str | os.PathLike, mode: str = "w") -> Iterator[IO[Any]]:
+    """:func:`atomic_write` for writers that produce a file piece by piece (e.g. predictions
+    during evaluation): the file of the block is fsynced and renamed over ``path`` when the
+    block ends without an error, and removed otherwise."""
+    with _replacing(Path(path)) as tmp:
+        with open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8", "newline": ""})) as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
 
 
 def _link_replace(src: Path, dst: Path) -> None:
     """Make ``dst`` name the same complete file as ``src`` (hard link, else copy), atomically."""
-    tmp = _temp_path(dst)
-    try:
+    def fill(tmp: Path) -> None:
         tmp.unlink()
         try:
             os.link(src, tmp)
@@ -111,11 +108,28 @@ def _link_replace(src: Path, dst: Path) -> None:
             shutil.copyfile(src, tmp)
             with open(tmp, "rb+") as f:
                 os.fsync(f.fileno())
-        os.replace(tmp, dst)
+
+    _replace(dst, fill)
+
+
+def _replace(path: Path, fill: Any) -> Path:
+    """``fill(tmp)`` a temp file beside ``path``, rename it over ``path``, fsync the folder; no temp left."""
+    with _replacing(path) as tmp:
+        fill(tmp)
+    return path
+
+
+@contextlib.contextmanager
+def _replacing(path: Path) -> Iterator[Path]:
+    """A temp file beside ``path`` to fill in the block; renamed over ``path`` on success, else removed."""
+    tmp = _temp_path(path)
+    try:
+        yield tmp
+        os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    fsync_dir(dst.parent)
+    fsync_dir(path.parent)
 
 
 def safe_load(path: str | os.PathLike, map_location: Any = "cpu",
@@ -361,7 +375,7 @@ def mark_sharded_complete(directory: str | os.PathLike, **info: Any) -> Path:
     directory = Path(directory)
     files = {p.name: p.stat().st_size for p in sorted(directory.iterdir())
              if p.is_file() and p.name != SHARDED_MARKER and not _TEMP.match(p.name)}
-    return _atomic_write(directory / SHARDED_MARKER, "w", lambda f: json.dump({**info, "files": files}, f))
+    return atomic_write(directory / SHARDED_MARKER, "w", lambda f: json.dump({**info, "files": files}, f))
 
 
 def sharded_problem(directory: str | os.PathLike) -> str | None:

@@ -13,24 +13,30 @@ Usable on its own from research code, the way Accelerate users write loops::
             optimizer.step()        # a no-op until the accumulation boundary
             optimizer.zero_grad()
 
+The same script runs under ``python`` and under ``torchrun``: without an ``env``
+the Engine reads the launcher (torchrun, SLURM), joins the process group itself
+when none exists yet, and puts each process on its own GPU
+(``torch.cuda.set_device``). On CUDA the prepared loader copies the next batch
+on a side stream while the current one computes (``prefetch``).
+
 The Trainer is built on the same object, so both paths share one
 implementation of precision, accumulation and strategy handling.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 from typing import Any, Iterator
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from mmvl.data.sample import to_device
+from mmvl.data.sample import DevicePrefetcher, to_device
 from mmvl.distributed import comm
 from mmvl.distributed.env import DistEnv
 from mmvl.distributed.strategies.base import Strategy
 from mmvl.errors import UserError
-
-PRECISIONS = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
+from mmvl.utils.precision import compute_dtype
 
 
 class PreparedOptimizer:
@@ -99,17 +105,22 @@ class Engine:
 
     def __init__(self, config: DictConfig | None = None, *, env: DistEnv | None = None,
                  precision: str | None = None, gradient_accumulation: int | None = None,
-                 strategy: str | Strategy | None = None):
+                 strategy: str | Strategy | None = None, device: str | torch.device | None = None,
+                 prefetch: bool | None = None):
+        """``device``: ``auto`` (CUDA when present), ``cpu``, ``cuda`` or ``cuda:N`` (one process),
+        as ``training.device``; ``prefetch``: as ``training.prefetch`` (default true)."""
         config = config if config is not None else OmegaConf.create({})
+        if device is not None:
+            if env is not None:
+                raise UserError("Engine(env=..., device=...): the env already names the device; pass one.")
+            config = OmegaConf.merge(config, {"training": {"device": str(device)}})
         training = config.get("training", {}) or {}
         self.config = config
-        self.env = env or _env_from_process_group()
+        self.env = env or _init_process(config)
         self.precision = precision or training.get("precision", "fp32")
         if training.get("fp16") and precision is None:
             self.precision = "fp16"
-        if self.precision not in PRECISIONS:
-            raise UserError(f"training.precision={self.precision!r} is not one of "
-                            f"{sorted(PRECISIONS)}; use fp32, fp16 or bf16.")
+        self._dtype = compute_dtype(self.precision)  # a UserError for an unknown name
         k = gradient_accumulation or training.get("gradient_accumulation", 1) or 1
         if int(k) < 1:
             raise UserError(f"training.gradient_accumulation={k} must be >= 1.")
@@ -117,6 +128,7 @@ class Engine:
         self.strategy = strategy if isinstance(strategy, Strategy) else _build_strategy(
             config, self.env, strategy)
         self.scaler = self.strategy.make_grad_scaler(self.precision == "fp16")
+        self.prefetch = bool(training.get("prefetch", True) if prefetch is None else prefetch)
         self.sync_gradients = True
         self._micro_step = 0
         self._unscaled = False
@@ -164,7 +176,7 @@ class Engine:
                 self._prepared["scheduler"] = prepared
                 out.append(prepared)
             elif isinstance(o, torch.utils.data.DataLoader):
-                out.append(DeviceLoader(self._shard_loader(o), self.device))
+                out.append(DeviceLoader(self._shard_loader(o), self.device, self.prefetch))
             else:
                 out.append(o)
         return out[0] if len(out) == 1 else tuple(out)
@@ -192,7 +204,7 @@ class Engine:
             yield
 
     def autocast(self) -> contextlib.AbstractContextManager:
-        dtype = PRECISIONS[self.precision]
+        dtype = self._dtype
         if dtype is None:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=dtype)
@@ -308,13 +320,23 @@ class Engine:
 
 
 class DeviceLoader:
-    """Iterates a DataLoader and moves each batch to the device."""
+    """Iterates a DataLoader and moves each batch to the device.
 
-    def __init__(self, loader: torch.utils.data.DataLoader, device: torch.device):
+    Each ``iter()`` is a new pass over the loader, as with the DataLoader itself. On
+    CUDA with ``prefetch`` the next batch is copied on a side stream while the current
+    one computes (pin the DataLoader's memory, ``pin_memory=True``, for the copy to
+    overlap).
+    """
+
+    def __init__(self, loader: torch.utils.data.DataLoader, device: torch.device, prefetch: bool = True):
         self.loader = loader
         self.device = device
+        self.prefetch = prefetch
 
     def __iter__(self) -> Iterator[Any]:
+        if self.prefetch and self.device.type == "cuda":
+            yield from DevicePrefetcher(self.loader, self.device)
+            return
         for batch in self.loader:
             yield to_device(batch, self.device)
 
@@ -338,15 +360,16 @@ def _rebind_scheduler(scheduler: Any, optimizer: torch.optim.Optimizer) -> None:
     scheduler.optimizer = optimizer
 
 
-def _env_from_process_group() -> DistEnv:
-    """The DistEnv of an already-initialised process (research code that ran torchrun itself)."""
-    import os
+def _init_process(config: Any) -> DistEnv:
+    """Read the launcher and join its process group when none exists yet (as Accelerate does);
+    a group this creates is left again at exit."""
+    from mmvl.distributed.init import destroy, init_distributed
 
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    device = torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
-    return DistEnv(rank=comm.get_rank(), world_size=comm.get_world_size(), local_rank=local_rank,
-                   device=device, backend=(torch.distributed.get_backend()
-                                           if comm.is_initialized() else None))
+    existed = comm.is_initialized()
+    env = init_distributed(config)
+    if not existed and comm.is_initialized():
+        atexit.register(destroy)
+    return env
 
 
 def _build_strategy(config: DictConfig, env: DistEnv, name: str | None) -> Strategy:

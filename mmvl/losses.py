@@ -7,13 +7,14 @@ to agree on those two names.
 """
 from __future__ import annotations
 
-import inspect
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from mmvl.config.access import plain
+from mmvl.config.components import build_component, component_spec
 from mmvl.errors import UserError
 from mmvl.registry import LOSSES, register_loss
 
@@ -122,37 +123,6 @@ class SoftLabelCrossEntropy(Loss):
         return per_sample.sum() / keep.sum().clamp(min=1)
 
 
-def _instantiate(kind: str, name: str, cls: Any, params: Mapping[str, Any], where: str) -> Any:
-    """``cls(**params)`` with a one-line UserError naming the bad key."""
-    try:
-        inspect.signature(cls).bind(**params)
-    except TypeError as e:
-        accepted = [p for p in inspect.signature(cls).parameters if p not in ("self", "args", "kwargs")]
-        raise UserError(f"{kind} {name!r}: bad {where} {dict(params)} ({e}); accepted keys: {accepted}.") from None
-    return cls(**params)
-
-
-def _plain(value: Any) -> Any:
-    """OmegaConf containers -> plain Python (without importing omegaconf eagerly)."""
-    if type(value).__module__.startswith("omegaconf"):
-        from omegaconf import OmegaConf
-
-        return OmegaConf.to_container(value, resolve=True)
-    return value
-
-
-def _type_and_params(entry: Any, kind: str) -> tuple[str, dict[str, Any]]:
-    entry = _plain(entry)
-    if isinstance(entry, str):
-        return entry, {}
-    if isinstance(entry, Mapping) and "type" in entry:
-        unknown = set(entry) - {"type", "params"}
-        if unknown:
-            raise UserError(f"{kind} entry {entry} has unknown keys {sorted(unknown)}; use 'type' and 'params'.")
-        return str(entry["type"]), dict(entry.get("params") or {})
-    raise UserError(f"bad {kind} entry {entry!r}; write a name or {{type: <name>, params: {{...}}}}.")
-
-
 def build_losses(loss_configs: Sequence[Any] | None) -> list[tuple[str, Loss]]:
     """``[{type, params}, ...]`` (or plain names) -> ``[(name, loss), ...]``.
 
@@ -161,9 +131,9 @@ def build_losses(loss_configs: Sequence[Any] | None) -> list[tuple[str, Loss]]:
     """
     out: list[tuple[str, Loss]] = []
     seen: dict[str, int] = {}
-    for entry in _plain(loss_configs) or []:
-        type_, params = _type_and_params(entry, "loss")
-        loss = _instantiate("loss", type_, LOSSES.get(type_), params, "params")
+    for i, entry in enumerate(plain(loss_configs) or []):
+        loss = build_component(LOSSES, entry, where=f"losses[{i}]")
+        type_ = component_spec(entry, f"losses[{i}]")[0]
         count = seen.get(type_, 0)
         seen[type_] = count + 1
         out.append((type_ if count == 0 else f"{type_}_{count}", loss))

@@ -32,9 +32,10 @@ from typing import Any
 
 import torch
 
+from mmvl.config.access import plain
+from mmvl.config.components import build_component
 from mmvl.distributed import comm
 from mmvl.errors import UserError
-from mmvl.losses import _instantiate, _plain, _type_and_params
 from mmvl.registry import METRICS, register_metric
 
 log = logging.getLogger(__name__)
@@ -517,5 +518,4 @@ class RecallAtK(Metric):
 
 def build_metrics(configs: Sequence[Any] | None) -> list[Metric]:
     """``[{type, params}, ...]`` (or plain names) -> metric instances."""
-    return [_instantiate("metric", type_, METRICS.get(type_), params, "params")
-            for type_, params in (_type_and_params(e, "metric") for e in (_plain(configs) or []))]
+    return [build_component(METRICS, entry, where=f"metrics[{i}]") for i, entry in enumerate(plain(configs) or [])]

@@ -17,15 +17,15 @@ plain numbers and survives ``weights_only`` checkpoint loading.
 from __future__ import annotations
 
 import functools
-import inspect
 import math
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
+from mmvl.config.access import config_value, plain
+from mmvl.config.components import bind_params, component_spec
 from mmvl.errors import UserError, did_you_mean
-from mmvl.losses import _plain
 from mmvl.registry import OPTIMIZERS, SCHEDULERS, register_optimizer, register_scheduler
 
 register_optimizer("adam_w", torch.optim.AdamW)
@@ -33,16 +33,6 @@ register_optimizer("adam_w", torch.optim.AdamW)
 LR_SCALINGS = ("linear", "sqrt")
 #: global batch size at which the configured lr is used unchanged
 LR_SCALING_BASE_BATCH_SIZE = 256
-
-
-def _get(config: Any, dotted: str, default: Any = None) -> Any:
-    """``config.a.b`` for DictConfig or plain dicts; ``default`` when absent."""
-    node = config
-    for part in dotted.split("."):
-        if node is None:
-            return default
-        node = node.get(part, None) if isinstance(node, Mapping) else getattr(node, part, None)
-    return default if node is None else node
 
 
 def _is_norm(module: torch.nn.Module) -> bool:
@@ -127,31 +117,27 @@ def scaled_lr(base_lr: float, scaling: str | None, global_batch_size: int | None
     return base_lr * (ratio if scaling == "linear" else math.sqrt(ratio))
 
 
-def _accepted(fn: Any) -> list[str]:
-    return [n for n, p in inspect.signature(fn).parameters.items()
-            if n not in ("self", "params", "optimizer") and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+def fused_by_default(factory: Any, device: torch.device | str | None) -> bool:
+    """Adam/AdamW train on ``device`` with their fused kernel unless ``optimizer.params.fused`` says
+    otherwise: one kernel for every parameter instead of several per tensor. CUDA only (on the
+    CPU the default implementation stays)."""
+    return (device is not None and torch.device(device).type == "cuda" and isinstance(factory, type)
+            and issubclass(factory, (torch.optim.Adam, torch.optim.AdamW)))
 
 
-def _takes_var_kwargs(fn: Any) -> bool:
-    return any(p.kind is p.VAR_KEYWORD for p in inspect.signature(fn).parameters.values())
-
-
-def build_optimizer(model: torch.nn.Module, config: Any) -> torch.optim.Optimizer:
-    """Build ``config.optimizer`` for ``model`` (already wrapped or not)."""
-    opt_cfg = _plain(_get(config, "optimizer"))
+def build_optimizer(model: torch.nn.Module, config: Any,
+                    device: torch.device | str | None = None) -> torch.optim.Optimizer:
+    """Build ``config.optimizer`` for ``model`` (already wrapped or not), which will train on ``device``."""
+    opt_cfg = plain(config_value(config, "optimizer"))
     if not isinstance(opt_cfg, Mapping) or not opt_cfg.get("type"):
         raise UserError("config has no optimizer.type; set e.g. `optimizer: {type: adam_w, params: {lr: 1e-4}}`.")
-    name = str(opt_cfg["type"])
+    name, params = component_spec({k: opt_cfg[k] for k in ("type", "params") if k in opt_cfg}, "optimizer")
     factory = OPTIMIZERS.get(name)
-    params = {k: tuple(v) if isinstance(v, list) else v for k, v in dict(opt_cfg.get("params") or {}).items()}
-    if not _takes_var_kwargs(factory):
-        accepted = _accepted(factory)
-        for key in params:
-            if key not in accepted:
-                raise UserError(f"optimizer.params.{key} is not accepted by optimizer {name!r}."
-                                f"{did_you_mean(key, accepted)} Accepted: {accepted}.")
+    params = bind_params(factory, {k: tuple(v) if isinstance(v, list) else v for k, v in params.items()},
+                         (None,), kind="optimizer", name=name, where="optimizer",
+                         defaults={"fused": True} if fused_by_default(factory, device) else None)
     if "lr" in params:
-        params["lr"] = scaled_lr(float(params["lr"]), opt_cfg.get("lr_scaling"), _get(config, "training.batch_size"))
+        params["lr"] = scaled_lr(float(params["lr"]), opt_cfg.get("lr_scaling"), config_value(config, "training.batch_size"))
     elif opt_cfg.get("lr_scaling"):
         raise UserError("optimizer.lr_scaling is set but optimizer.params.lr is missing; give a base lr.")
 
@@ -259,29 +245,18 @@ def build_scheduler(optimizer: torch.optim.Optimizer, config: Any,
     e.g. derived from ``training.max_epochs``), else ``training.max_updates``,
     when the scheduler takes it and the config leaves it null.
     """
-    sched_cfg = _plain(_get(config, "scheduler"))
+    sched_cfg = plain(config_value(config, "scheduler"))
     if sched_cfg is None or sched_cfg == {} or (isinstance(sched_cfg, Mapping) and sched_cfg.get("type") is None):
         return None
-    if isinstance(sched_cfg, str):
-        sched_cfg = {"type": sched_cfg}
-    if not isinstance(sched_cfg, Mapping):
-        raise UserError(f"scheduler must be {{type, params}} or null, got {sched_cfg!r}.")
-    name = str(sched_cfg["type"])
-    factory = SCHEDULERS.get(name)
-    params = dict(sched_cfg.get("params") or {})
-    accepted = _accepted(factory)
-    if "num_training_steps" in accepted and params.get("num_training_steps") is None:
-        max_updates = max_updates if max_updates is not None else _get(config, "training.max_updates")
-        if max_updates is None:
+    name, params = component_spec(sched_cfg, "scheduler")
+
+    def run_length() -> int:
+        updates = max_updates if max_updates is not None else config_value(config, "training.max_updates")
+        if updates is None:
             raise UserError(f"scheduler {name!r} needs scheduler.params.num_training_steps or training.max_updates.")
-        params["num_training_steps"] = _as_int(max_updates)
-    if not _takes_var_kwargs(factory):
-        for key in params:
-            if key not in accepted:
-                raise UserError(f"scheduler.params.{key} is not accepted by scheduler {name!r}."
-                                f"{did_you_mean(key, accepted)} Accepted: {accepted}.")
-        missing = [n for n, p in inspect.signature(factory).parameters.items()
-                   if n in accepted and p.default is p.empty and n not in params]
-        if missing:
-            raise UserError(f"scheduler {name!r} needs scheduler.params.{missing[0]}.")
+        return _as_int(updates)
+
+    factory = SCHEDULERS.get(name)
+    params = bind_params(factory, params, (optimizer,), kind="scheduler", name=name, where="scheduler",
+                         defaults={"num_training_steps": run_length})
     return factory(optimizer, **params)

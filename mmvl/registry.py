@@ -32,6 +32,11 @@ Contracts (what the looked-up object is called with, and returns):
   :class:`mmvl.trainers.callbacks.base.Callback`.
 - ``STRATEGIES``: ``cls(config: DictConfig, env)``; a
   :class:`mmvl.distributed.strategies.base.Strategy`.
+- ``IMAGE_ENCODERS``: ``cls(**params)``; an ``nn.Module`` turning pixels
+  ``B x 3 x H x W`` into a grid ``B x out_dim x h x w`` (``model_config.<model>.image_encoder``).
+
+Every ``{type, params}`` entry of a config is built by
+:func:`mmvl.config.components.build_component`.
 """
 from __future__ import annotations
 
@@ -124,11 +129,12 @@ SCHEDULERS = Registry("scheduler")
 TRAINERS = Registry("trainer")
 CALLBACKS = Registry("callback")
 STRATEGIES = Registry("strategy")
+IMAGE_ENCODERS = Registry("image_encoder")
 
 ALL: dict[str, Registry] = {
     r.kind: r
     for r in (MODELS, DATASETS, PROCESSORS, LOSSES, METRICS, OPTIMIZERS, SCHEDULERS,
-              TRAINERS, CALLBACKS, STRATEGIES)
+              TRAINERS, CALLBACKS, STRATEGIES, IMAGE_ENCODERS)
 }
 
 register_model = MODELS.register
@@ -142,3 +148,4 @@ register_scheduler = SCHEDULERS.register
 register_trainer = TRAINERS.register
 register_callback = CALLBACKS.register
 register_strategy = STRATEGIES.register
+register_image_encoder = IMAGE_ENCODERS.register

@@ -5,3 +5,15 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch  # noqa: E402
 
 torch.set_num_threads(1)
+
+
+def pytest_collection_modifyitems(config, items):
+    """``cuda``-marked tests skip on hosts without a GPU (``pytest -m cuda`` selects them)."""
+    if torch.cuda.is_available():
+        return
+    import pytest
+
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is false)")
+    for item in items:
+        if item.get_closest_marker("cuda") is not None:
+            item.add_marker(skip)

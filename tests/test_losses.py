@@ -107,3 +107,45 @@ def test_missing_keys_are_user_errors():
         _loss("cross_entropy")({}, {"scores": torch.zeros(1, 2)})
     with pytest.raises(UserError, match="scores"):
         _loss("cross_entropy")({"targets": torch.tensor([0])}, {})
+
+
+# -- every registered loss ---------------------------------------------------------------------------
+# One case per registered loss: (params, targets, scores that predict the targets, scores that do not).
+# A loss registered without a case fails test_every_registered_loss: add one here.
+_T = torch.tensor
+LOSS_CASES = {
+    "cross_entropy": ({}, _T([0, 2, 1]), 4.0 * torch.eye(3)[[0, 2, 1]], 4.0 * torch.eye(3)[[1, 0, 2]]),
+    "logit_bce": ({}, _T([[1.0, 0.0, 0.3], [0.0, 1.0, 0.0]]), _T([[4.0, -4.0, -1.0], [-4.0, 4.0, -4.0]]),
+                  _T([[-4.0, 4.0, 1.0], [4.0, -4.0, 4.0]])),
+    "soft_label_cross_entropy": ({}, _T([[1.0, 0.0, 1.0], [0.0, 1.0, 0.0]]), _T([[3.0, -3.0, 3.0], [-3.0, 3.0, -3.0]]),
+                                 _T([[-3.0, 3.0, -3.0], [3.0, -3.0, 3.0]])),
+}
+
+
+@pytest.mark.parametrize("name", [n for n in LOSSES.names() if LOSSES.get(n).__module__.startswith("mmvl.")])
+def test_every_registered_loss(name):
+    assert name in LOSS_CASES, f"loss {name!r} is registered but has no case in tests/test_losses.py LOSS_CASES"
+    params, targets, good, bad = LOSS_CASES[name]
+    (built_name, loss), = build_losses([{"type": name, "params": params}])
+    assert built_name == name
+    batch = {"targets": targets}
+    low, high = loss(batch, {"scores": good}), loss(batch, {"scores": bad})
+    assert low.dim() == 0 and torch.isfinite(low) and torch.isfinite(high)
+    assert 0 <= low < high, (float(low), float(high))
+    # averaged over the batch: the same samples twice give the same value
+    twice = loss({"targets": torch.cat([targets, targets])}, {"scores": torch.cat([good, good])})
+    assert float(twice) == pytest.approx(float(low), rel=1e-5)
+    # differentiable, and a small step against the gradient lowers it
+    scores = bad.clone().requires_grad_(True)
+    value = loss(batch, {"scores": scores})
+    value.backward()
+    assert scores.grad is not None and scores.grad.abs().sum() > 0
+    assert loss(batch, {"scores": (scores - 0.1 * scores.grad).detach()}) < value
+    with pytest.raises(UserError, match=name):
+        loss({}, {"scores": good})
+    with pytest.raises(UserError, match=name):
+        loss(batch, {})
+
+
+def test_every_loss_case_is_registered():
+    assert set(LOSS_CASES) <= set(LOSSES.names()), sorted(set(LOSS_CASES) - set(LOSSES.names()))

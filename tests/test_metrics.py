@@ -245,3 +245,45 @@ def test_earlier_call_style_and_empty_metrics():
     n.update({"targets": torch.zeros(1)}, {"scores": torch.zeros(1)})
     with pytest.raises(UserError, match="implements neither"):
         n.compute()
+
+# -- every registered metric ---------------------------------------------------------------------------
+# One case per registered metric: (params, batch, perfect scores, wrong scores, value of the perfect
+# scores, value of the wrong scores) for the metric's first key. A metric registered without a case
+# fails test_every_registered_metric: add one here.
+_T = torch.tensor
+_ROWS = _T([0, 2, 1, 1, 0, 2])
+_ONE_HOT = 3.0 * torch.eye(3)[_ROWS]
+_WRONG = 3.0 * torch.eye(3)[(_ROWS + 1) % 3]
+_BINARY = _T([1, 0, 1, 0, 0, 1])
+_SOFT = _T([[1.0, 0.3, 0.0], [0.0, 0.0, 0.6], [0.3, 1.0, 0.0], [0.0, 1.0, 0.3], [0.6, 0.0, 0.0], [0.0, 0.3, 1.0]])
+METRIC_CASES = {
+    "accuracy": ({}, {"targets": _ROWS}, _ONE_HOT, _WRONG, 1.0, 0.0),
+    "vqa_accuracy": ({}, {"targets": _SOFT}, _SOFT * 3, _T([[0.0, 0.0, 1.0]] * 6), 5.2 / 6, 1.9 / 6),
+    "binary_f1": ({}, {"targets": _BINARY}, 2.0 * _BINARY - 1, 1 - 2.0 * _BINARY, 1.0, 0.0),
+    "macro_f1": ({}, {"targets": _ROWS}, _ONE_HOT, _WRONG, 1.0, 0.0),
+    "roc_auc": ({}, {"targets": _BINARY}, _BINARY * 2.0 - 0.5, 1.5 - _BINARY * 2.0, 1.0, 0.0),
+    "recall@k": ({"k": [1]}, {"targets": _T([0, 1, 2, 0, 1, 2])}, torch.eye(3)[[0, 1, 2, 0, 1, 2]],
+                 torch.eye(3)[[1, 2, 0, 1, 2, 0]], 1.0, 0.0),
+}
+
+
+@pytest.mark.parametrize("name", [n for n in METRICS.names() if METRICS.get(n).__module__.startswith("mmvl.")])
+def test_every_registered_metric(name):
+    assert name in METRIC_CASES, f"metric {name!r} is registered but has no case in tests/test_metrics.py METRIC_CASES"
+    params, batch, perfect, wrong, best, worst = METRIC_CASES[name]
+    metric, = build_metrics([{"type": name, "params": params}])
+    good, bad = metric(batch, {"scores": perfect}), metric(batch, {"scores": wrong})
+    key = next(iter(good))
+    assert key.startswith(name.split("@")[0]) and all(isinstance(v, float) for v in good.values())
+    assert good[key] == pytest.approx(best) and bad[key] == pytest.approx(worst)
+    # streaming over two parts gives the whole-set value
+    metric.reset()
+    for part in (slice(0, 2), slice(2, None)):
+        metric.update({k: v[part] for k, v in batch.items()}, {"scores": perfect[part]})
+    assert metric.compute() == pytest.approx(good)
+    with pytest.raises(UserError, match=name):
+        metric({}, {"scores": perfect})
+
+
+def test_every_metric_case_is_registered():
+    assert set(METRIC_CASES) <= set(METRICS.names()), sorted(set(METRIC_CASES) - set(METRICS.names()))

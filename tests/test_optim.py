@@ -182,3 +182,36 @@ def test_lr_multipliers_by_parameter_prefix_also_through_a_wrapper():
         assert base_lr(opt) == pytest.approx(1e-3)  # what the logs show: the new layers' lr
     with pytest.raises(UserError, match="optimizer.params.lr"):
         build_optimizer(model, _cfg({"type": "adam_w", "params": {"weight_decay": 0.1}}))
+
+
+@pytest.mark.parametrize("type_,device,params,want", [
+    ("adam_w", "cuda", {}, True),              # the default on CUDA
+    ("adam_w", torch.device("cuda", 1), {}, True),
+    ("adam", "cuda", {}, True),
+    ("adam_w", "cuda", {"fused": False}, False),  # optimizer.params.fused overrides
+    ("adam_w", "cpu", {}, None),               # not on the CPU
+    ("adam_w", None, {}, None),
+    ("adam_w", "cpu", {"fused": True}, True),
+])
+def test_adam_is_fused_by_default_on_cuda(type_, device, params, want):
+    # the model is still on the CPU when the optimizer is built (prepare moves it later)
+    opt = build_optimizer(Tiny(), _cfg({"type": type_, "params": {"lr": 1e-3, **params}}), device=device)
+    assert opt.defaults["fused"] is want
+
+
+def test_other_optimizers_get_no_fused_default():
+    opt = build_optimizer(Tiny(), _cfg({"type": "sgd", "params": {"lr": 1e-3}}), device="cuda")
+    assert not opt.defaults.get("fused")
+
+
+@pytest.mark.cuda
+def test_fused_adam_w_steps_on_cuda_and_under_the_grad_scaler():
+    model = Tiny()
+    opt = build_optimizer(model, _cfg({"type": "adam_w", "params": {"lr": 1e-2}}), device="cuda")
+    model.cuda()
+    scaler = torch.amp.GradScaler("cuda")
+    before = model.lin.weight.detach().clone()
+    scaler.scale(model.lin(torch.ones(3, 4, device="cuda")).sum()).backward()
+    scaler.step(opt)
+    scaler.update()
+    assert opt.defaults["fused"] is True and not torch.equal(model.lin.weight, before)

@@ -6,10 +6,10 @@ command-line ``key=value`` overrides, and returns a fully resolved DictConfig.
 """
 from __future__ import annotations
 
-from mmvl.config.load import config_root, load_config, save_config
+from mmvl.config.load import config_root, import_registrations, load_config, save_config
 from mmvl.config.opts import ParsedOpts, parse_opts
 from mmvl.config.resolvers import register_resolvers
 
 register_resolvers()
 
-__all__ = ["load_config", "save_config", "parse_opts", "ParsedOpts", "config_root", "register_resolvers"]
+__all__ = ["load_config", "save_config", "import_registrations", "parse_opts", "ParsedOpts", "config_root", "register_resolvers"]

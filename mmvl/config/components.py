@@ -1,4 +1,5 @@
-"""Finding the YAMLs of the chosen model and datasets, and user registrations.
+"""Components: the YAMLs of the chosen model and datasets, user registrations, and the one
+builder of ``{type, params}`` entries.
 
 Models and datasets are looked up in :mod:`mmvl.registry` (built-ins via
 ``mmvl.models`` / ``mmvl.data.datasets``, user code via ``env.user_dir``) so an
@@ -7,18 +8,28 @@ unknown name fails early with the registry's suggestions.
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
-from mmvl.errors import UserError
+from mmvl.errors import UserError, did_you_mean
 
-_BUILTIN_PACKAGES = {"model": "mmvl.models", "dataset": "mmvl.data.datasets"}
+if TYPE_CHECKING:
+    from mmvl.registry import Registry
+
+#: registry kind -> the package whose import registers its built-ins
+_BUILTIN_PACKAGES = {"model": "mmvl.models", "dataset": "mmvl.data.datasets", "processor": "mmvl.data.processors",
+                     "loss": "mmvl.losses", "metric": "mmvl.metrics", "optimizer": "mmvl.optim",
+                     "scheduler": "mmvl.optim", "trainer": "mmvl.trainers", "callback": "mmvl.trainers.callbacks",
+                     "strategy": "mmvl.distributed.strategies", "image_encoder": "mmvl.models"}
 
 
 def import_builtins(kind: str) -> None:
-    """Import the package that registers the built-in models or datasets.
+    """Import the package that registers the built-in components of ``kind`` (a registry kind).
 
     Only a missing package itself is tolerated; errors inside it propagate.
     """
@@ -86,3 +97,88 @@ def component_yaml(kind: str, name: str, root: Path) -> Path | None:
         return path
     path = root / f"{kind}s" / f"{name}.yaml"
     return path if path.is_file() else None
+
+
+# -- building {type, params} entries -------------------------------------------------------------
+def component_spec(entry: Any, where: str) -> tuple[str, dict[str, Any]]:
+    """A registry entry as ``(type, params)``: a bare name, or ``{type: <name>, params: {...}}``."""
+    from mmvl.config.access import plain
+
+    entry = plain(entry)
+    if isinstance(entry, str) and entry:
+        return entry, {}
+    if isinstance(entry, Mapping) and entry.get("type"):
+        unknown = sorted(set(entry) - {"type", "params"})
+        if unknown:
+            raise UserError(f"{where} has unknown keys {unknown}; write {{type: <name>, params: {{...}}}}.")
+        params = entry.get("params") or {}
+        if not isinstance(params, Mapping):
+            raise UserError(f"{where}.params must be a mapping of keyword arguments, got {params!r}.")
+        return str(entry["type"]), dict(params)
+    raise UserError(f"{where} is {entry!r}; write a registered name or {{type: <name>, params: {{...}}}}.")
+
+
+def bind_params(obj: Any, params: Mapping[str, Any], args: Sequence[Any] = (), *, kind: str, name: str,
+                where: str, defaults: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``params`` checked against ``obj``'s signature (after ``args``), as ``obj(*args, **result)`` takes them.
+
+    ``defaults`` fill params the entry leaves unset or null, where ``obj`` accepts them (a
+    callable default is called only then). A null param ``obj`` does not accept means "not
+    set" and is left out, so a YAML default such as ``vocab_file: null`` survives a switch of
+    ``type``. Any other unknown or missing param is a UserError naming ``<where>.params.<key>``.
+    """
+    params = dict(params)
+    signature, accepted, open_ = _signature(obj, len(args))
+    if signature is None:  # some builtins: nothing to check against
+        return params
+    for key, value in (defaults or {}).items():
+        if params.get(key) is None and (open_ or key in accepted):
+            params[key] = value() if callable(value) else value
+    if not open_:
+        params = {k: v for k, v in params.items() if k in accepted or v is not None}
+        unknown = [k for k in params if k not in accepted]
+        if unknown:
+            raise UserError(f"{where}.params.{unknown[0]} is not accepted by {kind} {name!r}."
+                            f"{did_you_mean(unknown[0], accepted)} Accepted: {accepted}.")
+    try:
+        signature.bind(*args, **params)
+    except TypeError:
+        missing = [p.name for p in signature.parameters.values()
+                   if p.default is p.empty and p.name in accepted and p.name not in params]
+        raise UserError(f"{kind} {name!r} needs {where}.params."
+                        f"{missing[0] if missing else '<argument>'}; see its signature {signature}.") from None
+    return params
+
+
+def accepts(obj: Any, name: str) -> bool:
+    """Whether ``obj`` (a class or callable; an instance: its class) takes keyword ``name``."""
+    target = obj if isinstance(obj, type) or inspect.isroutine(obj) else type(obj)
+    signature, accepted, open_ = _signature(target, 0)
+    return signature is None or open_ or name in accepted
+
+
+def _signature(obj: Any, n_args: int) -> tuple[inspect.Signature | None, list[str], bool]:
+    """``(signature, keyword params left after n_args positionals, takes **kwargs)``."""
+    try:
+        signature = inspect.signature(obj)
+    except (TypeError, ValueError):
+        return None, [], True
+    fields = list(signature.parameters.values())
+    positional = [p for p in fields if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    taken = {p.name for p in positional[:n_args]}
+    accepted = [p.name for p in fields if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+                and p.name not in taken]
+    return signature, accepted, any(p.kind is p.VAR_KEYWORD for p in fields)
+
+
+def build_component(registry: Registry, entry: Any, *args: Any, where: str,
+                    defaults: Mapping[str, Any] | None = None) -> Any:
+    """The one builder of ``{type, params}`` entries: ``registry.get(type)(*args, **params)``.
+
+    Every registry kind goes through here (losses, metrics, processors, optimizers,
+    schedulers, callbacks), so every entry is written, checked and reported the same way.
+    """
+    name, params = component_spec(entry, where)
+    obj = registry.get(name)
+    return obj(*args, **bind_params(obj, params, args, kind=registry.kind, name=name, where=where,
+                                   defaults=defaults))

@@ -13,6 +13,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from mmvl.config.mmf import INCLUDE_PREFIX, include_path
 from mmvl.errors import UserError
 
 #: (file, its own keys without ``includes``) in merge order
@@ -41,21 +42,23 @@ def read_yaml(path: str | os.PathLike[str], what: str = "Config file") -> dict[s
     return OmegaConf.to_container(cfg, resolve=False)  # type: ignore[return-value]
 
 
-def load_with_includes(path: str | os.PathLike[str]) -> list[Layer]:
+def load_with_includes(path: str | os.PathLike[str], config_root: Path | None = None) -> list[Layer]:
     """Expand ``includes: [...]`` recursively into layers in merge order.
 
     Includes are relative to the including file and merged in the order
-    listed; the including file's own keys come after (override) them. A file
-    reached twice (diamond) is merged once, at its first position; a file
-    that includes itself through a chain raises :class:`UserError`.
+    listed; the including file's own keys come after (override) them. An
+    include that is not there, written as MMF writes them (``configs/...``,
+    MMF's package folder), is looked up in mmvl's ``config_root`` instead. A
+    file reached twice (diamond) is merged once, at its first position; a
+    file that includes itself through a chain raises :class:`UserError`.
     """
     layers: list[Layer] = []
     seen: set[Path] = set()
-    _expand(Path(path).expanduser().absolute(), [], seen, layers)
+    _expand(Path(path).expanduser().absolute(), [], seen, layers, config_root)
     return layers
 
 
-def _expand(path: Path, stack: list[Path], seen: set[Path], out: list[Layer]) -> None:
+def _expand(path: Path, stack: list[Path], seen: set[Path], out: list[Layer], root: Path | None) -> None:
     real = Path(os.path.realpath(path))
     if real in stack:
         chain = " -> ".join(str(p) for p in [*stack[stack.index(real):], real])
@@ -68,12 +71,16 @@ def _expand(path: Path, stack: list[Path], seen: set[Path], out: list[Layer]) ->
         target = Path(os.path.expandvars(inc)).expanduser()
         if not target.is_absolute():
             target = path.parent / target
+        if not target.is_file() and root is not None:
+            target = include_path(inc, root) or target
         if not target.is_file():
+            mmf = (f", nor in mmvl's {root} (MMF's {inc} has no mmvl equivalent there)"
+                   if root is not None and inc.startswith(INCLUDE_PREFIX) else "")
             raise UserError(
-                f"Config file {str(target)!r} included from {path} does not exist; "
+                f"Config file {str(target)!r} included from {path} does not exist{mmf}; "
                 f"includes are relative to the including file."
             )
-        _expand(target, [*stack, real], seen, out)
+        _expand(target, [*stack, real], seen, out, root)
     seen.add(real)
     out.append((path, content))
 

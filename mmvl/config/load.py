@@ -9,18 +9,20 @@ from __future__ import annotations
 
 import copy
 import os
-import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from mmvl.config import mmf
+from mmvl.config.access import ABSENT, lookup
 from mmvl.config.components import component_yaml, import_builtins, import_user_dir
 from mmvl.config.files import load_with_includes, read_yaml
 from mmvl.config.opts import normalize_datasets, parse_opts
 from mmvl.config.resolvers import register_resolvers
-from mmvl.config.validate import Provenance, apply_aliases, check_final, check_layer, is_interpolation
+from mmvl.config.validate import (Provenance, apply_aliases, check_final, check_layer, is_interpolation,
+                                  registered_kinds)
 from mmvl.errors import UserError
 
 CLI = "command line"
@@ -39,19 +41,9 @@ def load_config(
     """Parse ``opts`` (``config=``, ``model=``, ``datasets=``, ``key=value``) into a resolved config."""
     register_resolvers()
     root = _config_root(config_root)
-    parsed = parse_opts(opts)
-    defaults_path = root / "defaults.yaml"
-    defaults = read_yaml(defaults_path, "Defaults file")
+    defaults_path, defaults, user, cli = _read_layers(opts, root)
     provenance: Provenance = {}
     check_layer(defaults, defaults, str(defaults_path), provenance)  # records sources only
-
-    user: list[tuple[str, dict[str, Any]]] = []
-    for file in parsed.config_files:
-        for path, content in load_with_includes(file):
-            if "datasets" in content:
-                content["datasets"] = normalize_datasets(content["datasets"], str(path))
-            user.append((str(path), content))
-    cli = [(CLI, _nest(key, value)) for key, value in parsed.overrides]
     chosen = [(str(defaults_path), defaults), *user, *cli]
 
     model = _choose("model", chosen)
@@ -62,10 +54,9 @@ def load_config(
     if model is not None and not isinstance(model, str):
         raise UserError(f"'model' must be a registered model name, got {model!r}.")
 
-    if model:
-        import_builtins("model")
-    if datasets:
-        import_builtins("dataset")
+    # built-ins first, so a user registration that reuses a built-in name fails on the user's side
+    for kind in ("model",) * bool(model) + ("dataset",) * bool(datasets) + registered_kinds():
+        import_builtins(kind)
     if user_dir:
         import_user_dir(user_dir, _source_of("env.user_dir", chosen))
 
@@ -76,9 +67,45 @@ def load_config(
         _add_component(base, "dataset", name, root, provenance)
 
     merged = copy.deepcopy(base)
+    ignored: list[tuple[str, str]] = []  # MMF keys mmvl does not use, with their sources
     for source, layer in [*user, *cli]:
+        layer = mmf.translate(layer, base, source, ignored)
         _deep_merge(merged, check_layer(layer, base, source, provenance))
+    mmf.warn_unused(ignored)
     return _finish(merged, provenance)
+
+
+def import_registrations(opts: Iterable[str] = (), config_root: str | os.PathLike[str] | None = None) -> None:
+    """Import every registry's built-ins, then the ``env.user_dir`` that ``opts`` choose
+    (``mmvl_run --list ... env.user_dir=...``); the registries then hold what a run could use."""
+    from mmvl import registry
+
+    register_resolvers()
+    defaults_path, defaults, user, cli = _read_layers(opts, _config_root(config_root))
+    for kind in registry.ALL:
+        import_builtins(kind)
+    chosen = [(str(defaults_path), defaults), *user, *cli]
+    user_dir = _choose("env.user_dir", chosen)
+    if user_dir:
+        import_user_dir(user_dir, _source_of("env.user_dir", chosen))
+
+
+Layers = list[tuple[str, dict[str, Any]]]
+
+
+def _read_layers(opts: Iterable[str], root: Path) -> tuple[Path, dict[str, Any], Layers, Layers]:
+    """``(defaults file, defaults, user file layers, command-line layers)``, as written."""
+    parsed = parse_opts(opts)
+    defaults_path = root / "defaults.yaml"
+    defaults = read_yaml(defaults_path, "Defaults file")
+    user: Layers = []
+    for file in parsed.config_files:
+        for path, content in load_with_includes(file, root):
+            if "datasets" in content:
+                content["datasets"] = normalize_datasets(content["datasets"], str(path))
+            user.append((str(path), content))
+    cli = [(CLI, _nest(key, value)) for key, value in parsed.overrides]
+    return defaults_path, defaults, user, cli
 
 
 def _config_root(root: str | os.PathLike[str] | None) -> Path:
@@ -102,21 +129,9 @@ def _nest(key: str, value: Any) -> dict[str, Any]:
     return tree
 
 
-_ABSENT = object()
-
-
-def _lookup(tree: Mapping[str, Any], path: str) -> Any:
-    node: Any = tree
-    for part in path.split("."):
-        if not isinstance(node, Mapping) or part not in node:
-            return _ABSENT
-        node = node[part]
-    return node
-
-
 def _source_of(path: str, layers: list[tuple[str, dict[str, Any]]]) -> str:
     for source, layer in reversed(layers):
-        if _lookup(layer, path) is not _ABSENT:
+        if lookup(layer, path) is not ABSENT:
             return source
     return "defaults"
 
@@ -124,8 +139,8 @@ def _source_of(path: str, layers: list[tuple[str, dict[str, Any]]]) -> str:
 def _choose(path: str, layers: list[tuple[str, dict[str, Any]]]) -> Any:
     """The value of ``path`` from the last layer that sets it, interpolations resolved."""
     for source, layer in reversed(layers):
-        value = _lookup(layer, path)
-        if value is _ABSENT:
+        value = lookup(layer, path)
+        if value is ABSENT:
             continue
         if not is_interpolation(value):
             return value
@@ -141,7 +156,7 @@ def _add_component(base: dict[str, Any], kind: str, name: str, root: Path, prove
     section = f"{kind}_config"
     path = component_yaml(kind, name, root)
     if path is not None:
-        for file, content in load_with_includes(path):
+        for file, content in load_with_includes(path, root):
             _deep_merge(base, check_layer(content, base, str(file), provenance, free_roots=(section,)))
     base.setdefault(section, {})
     if not isinstance(base[section].get(name), dict):
@@ -189,27 +204,10 @@ def _first_line(err: BaseException) -> str:
 
 
 def save_config(cfg: DictConfig | Mapping[str, Any], path: str | os.PathLike[str]) -> Path:
-    """Write ``cfg`` as plain, resolved YAML atomically (tmp file + fsync + rename)."""
+    """Write ``cfg`` as plain, resolved YAML atomically (through the one atomic writer)."""
+    from mmvl.checkpoint import atomic_write  # torch: only when a run writes its config
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     text = OmegaConf.to_yaml(cfg if isinstance(cfg, DictConfig) else OmegaConf.create(dict(cfg)), resolve=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    try:  # make the rename itself durable
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-    except OSError:
-        pass
-    return path
+    return atomic_write(path, "w", lambda f: f.write(text))

@@ -10,18 +10,52 @@ from __future__ import annotations
 import difflib
 from typing import Any, Callable
 
-from mmvl.errors import UserError
+from mmvl.config.access import config_value
+from mmvl.errors import UserError, did_you_mean
 
 #: where each leaf key was last set (dotted key -> file path or "command line")
 Provenance = dict[str, str]
 
-CHOICES: dict[str, tuple[Any, ...]] = {
-    "run_type": ("train", "val", "test", "train_val", "train_test"),
-    "training.precision": ("fp32", "fp16", "bf16"),
-    "distributed.strategy": ("auto", "single", "dp", "ddp", "zero_fairscale", "zero_torch", "fsdp"),
-    "distributed.backend": ("auto", "nccl", "gloo"),
-    "optimizer.lr_scaling": ("none", "linear", "sqrt", None),
-    "checkpoint.resume": (True, False, "auto"),
+def _precisions() -> tuple[Any, ...]:
+    from mmvl.utils.precision import PRECISIONS
+
+    return tuple(PRECISIONS)
+
+
+def _backends() -> tuple[Any, ...]:
+    from mmvl.distributed.init import BACKENDS
+
+    return BACKENDS
+
+
+def _pin_memory() -> tuple[Any, ...]:
+    from mmvl.data.loaders import PIN_MEMORY
+
+    return PIN_MEMORY
+
+
+def _lr_scalings() -> tuple[Any, ...]:
+    from mmvl.optim import LR_SCALINGS
+
+    return ("none", *LR_SCALINGS, None)
+
+
+#: keys with a fixed set of values; each set is owned by the code that acts on the value
+CHOICES: dict[str, Callable[[], tuple[Any, ...]]] = {
+    "run_type": lambda: ("train", "val", "test", "train_val", "train_test"),
+    "checkpoint.resume": lambda: (True, False, "auto"),
+    "training.precision": _precisions,
+    "training.pin_memory": _pin_memory,
+    "distributed.backend": _backends,
+    "optimizer.lr_scaling": _lr_scalings,
+}
+#: keys naming a registered component: (registry kind, values allowed besides the registered names).
+#: The registry decides, after the built-ins and ``env.user_dir`` are imported.
+REGISTERED: dict[str, tuple[str, tuple[Any, ...]]] = {
+    "distributed.strategy": ("strategy", ("auto",)),
+    "training.trainer": ("trainer", ()),
+    "optimizer.type": ("optimizer", ()),
+    "scheduler.type": ("scheduler", (None,)),
 }
 #: keys that must be positive integers (None allowed where listed)
 POSITIVE_INT: dict[str, bool] = {
@@ -33,6 +67,11 @@ POSITIVE_INT: dict[str, bool] = {
 }
 #: top-level sections that must not accept arbitrary new names
 _CLOSED_ROOTS = ("model_config", "dataset_config")
+
+
+def registered_kinds() -> tuple[str, ...]:
+    """The registry kinds that config keys name (their built-ins are imported before checking)."""
+    return tuple(dict.fromkeys(kind for kind, _ in REGISTERED.values()))
 
 
 def is_interpolation(value: Any) -> bool:
@@ -192,11 +231,41 @@ def _type_error(path: str, value: Any, wanted: str, source: str) -> UserError:
 
 
 def _check_choice(path: str, value: Any, source: str) -> None:
-    allowed = CHOICES[path]
+    allowed = CHOICES[path]()
     if not any(value == a and type(value) is type(a) for a in allowed):
-        names = ", ".join("null" if a is None else str(a).lower() if isinstance(a, bool) else str(a)
-                          for a in allowed)
-        raise UserError(f"Config key {path!r} in {source} must be one of {names}; got {value!r}.")
+        raise UserError(f"Config key {path!r} in {source} must be one of {_names(allowed)}; got {value!r}."
+                        f"{did_you_mean(str(value), [str(a) for a in allowed])}")
+
+
+def _check_registered(path: str, value: Any, source: str) -> None:
+    """``value`` is a registered name of the key's kind (or one of its extra values)."""
+    from mmvl import registry
+    from mmvl.config.components import import_builtins
+
+    kind, extra = REGISTERED[path]
+    if any(value == a and type(value) is type(a) for a in extra):
+        return
+    import_builtins(kind)
+    reg = registry.ALL[kind]
+    if isinstance(value, str) and (value in reg or _found(reg, value)):
+        return
+    allowed = (*extra, *reg.names())
+    fallback = " (or any torch.optim class by name)" if kind == "optimizer" else ""
+    raise UserError(f"Config key {path!r} in {source} must be one of {_names(allowed)}{fallback}; got {kind} "
+                    f"{value!r}.{did_you_mean(str(value), reg.names())} Register your own with "
+                    f"@registry.register_{kind}(name) in a module under env.user_dir.")
+
+
+def _found(reg: Any, name: str) -> bool:
+    try:
+        reg.get(name)  # a registry with a fallback (torch.optim classes for optimizers)
+    except UserError:
+        return False
+    return True
+
+
+def _names(values: tuple[Any, ...]) -> str:
+    return ", ".join("null" if a is None else str(a).lower() if isinstance(a, bool) else str(a) for a in values)
 
 
 def _check_positive_int(path: str, value: Any, source: str) -> None:
@@ -219,23 +288,15 @@ def _check_positive_int(path: str, value: Any, source: str) -> None:
 
 _SPECIAL: dict[str, Callable[[str, Any, str], None]] = {
     **{k: _check_choice for k in CHOICES},
+    **{k: _check_registered for k in REGISTERED},
     **{k: _check_positive_int for k in POSITIVE_INT},
 }
-
-
-def _get(tree: dict[str, Any], path: str) -> Any:
-    node: Any = tree
-    for part in path.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return None
-        node = node[part]
-    return node
 
 
 def check_final(cfg: dict[str, Any], provenance: Provenance) -> None:
     """Checks on the merged, resolved config (values from YAMLs or interpolations)."""
     for path, check in _SPECIAL.items():
-        check(path, _get(cfg, path), provenance.get(path, "the merged config"))
+        check(path, config_value(cfg, path), provenance.get(path, "the merged config"))
     training = cfg.get("training", {})
     if training.get("max_updates") is None and training.get("max_epochs") is None:
         raise UserError(

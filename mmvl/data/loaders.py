@@ -2,6 +2,8 @@
 
 The sampler is a seeded function of (seed, epoch): resuming needs only the
 epoch and how many batches of it were consumed, never a replay of the data.
+One DataLoader serves every epoch (with ``persistent_workers`` its workers too):
+each epoch re-arms the sampler and re-iterates the loader.
 Its rank split matches ``DistributedSampler`` (indices ``rank::world_size``),
 so a global batch at world size W holds the same samples as at world size 1.
 
@@ -19,6 +21,9 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from mmvl.errors import UserError
 
 
+PIN_MEMORY = ("auto", True, False)
+
+
 def freeze_inherited(worker_id: int) -> None:
     """DataLoader ``worker_init_fn``: move every object inherited from the main process out of the
     worker's garbage collector (``gc.freeze``).
@@ -26,20 +31,34 @@ def freeze_inherited(worker_id: int) -> None:
     A forked worker shares the main process's memory until it writes to it. Its first full
     collection writes the header of every container object it inherited (the whole Python
     heap: modules, the model, the datasets' objects), copying all those pages into the worker,
-    tens to hundreds of MB per worker, once per worker and epoch. Frozen objects are never
-    visited; the worker's own garbage is still collected.
+    tens to hundreds of MB per worker. Frozen objects are never visited; the worker's own
+    garbage is still collected.
     """
     gc.freeze()
 
 
+def resolve_pin_memory(value: Any, device: torch.device) -> bool:
+    """``training.pin_memory``: ``auto`` pins exactly when batches go to a CUDA device (page-locked
+    host memory is what lets the copy run asynchronously, overlapping compute)."""
+    if value == "auto":
+        return device.type == "cuda"
+    if isinstance(value, bool):
+        return value
+    raise UserError(f"training.pin_memory={value!r} is not one of auto, true, false; use auto "
+                    "(pin when training on CUDA).")
+
+
 class ResumableSampler(Sampler[int]):
-    """This rank's indices for one epoch, optionally starting part-way through."""
+    """This rank's indices for one epoch, optionally starting part-way through.
+
+    With ``tag_epoch`` it yields ``(epoch, index)`` pairs (see :class:`EpochTagged`).
+    """
 
     def __init__(self, size: int, *, shuffle: bool, seed: int, rank: int = 0,
-                 world_size: int = 1, drop_last: bool = False):
+                 world_size: int = 1, drop_last: bool = False, tag_epoch: bool = False):
         self.size, self.shuffle, self.seed = size, shuffle, seed
         self.rank, self.world_size, self.drop_last = rank, world_size, drop_last
-        self.epoch, self.start = 0, 0
+        self.epoch, self.start, self.tag_epoch = 0, 0, tag_epoch
 
     def set_epoch(self, epoch: int, start: int = 0) -> None:
         """Select ``epoch``; skip the first ``start`` indices of this rank's share."""
@@ -62,27 +81,61 @@ class ResumableSampler(Sampler[int]):
     def per_rank(self) -> int:
         return self.size // self.world_size if self.drop_last else math.ceil(self.size / self.world_size)
 
-    def __iter__(self) -> Iterator[int]:
-        return iter(self._indices()[self.start:].tolist())
+    def __iter__(self) -> Iterator[Any]:
+        indices = self._indices()[self.start:].tolist()
+        return iter([(self.epoch, i) for i in indices] if self.tag_epoch else indices)
 
     def __len__(self) -> int:
         return max(0, self.per_rank() - self.start)
+
+
+class EpochTagged(Dataset):
+    """``dataset[i]`` for the index ``(epoch, i)``, after ``dataset.set_epoch(epoch)`` when the epoch changed.
+
+    A dataset with per-epoch randomness (``set_epoch``) learns the epoch from its indices,
+    so the copies in DataLoader workers follow it too (persistent workers are started once
+    and never see the main process call ``set_epoch``).
+    """
+
+    def __init__(self, dataset: Dataset):
+        self.dataset = dataset
+        self._epoch: int | None = None
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, key: tuple[int, int]) -> Any:
+        epoch, index = key
+        if epoch != self._epoch:
+            self.dataset.set_epoch(epoch)  # type: ignore[attr-defined]
+            self._epoch = epoch
+        return self.dataset[index]
 
 
 class TrainStream:
     """An endless stream of training batches that crosses epochs and can be resumed.
 
     ``state_dict()`` gives ``{epoch, batch}``: the epoch in progress and how many
-    of its batches this rank has consumed.
+    of its batches this rank has consumed. One DataLoader serves every epoch; its
+    worker seeds come from a generator re-seeded per (seed, epoch, rank), so a fresh
+    start of an epoch (a resume, or workers that are not persistent) seeds them as an
+    uninterrupted run did. Persistent workers are seeded once, when they start.
     """
 
     def __init__(self, dataset: Dataset, *, batch_size: int, collate_fn: Callable,
                  seed: int, rank: int, world_size: int, num_workers: int = 0,
-                 pin_memory: bool = False, name: str = "dataset"):
+                 pin_memory: bool = False, persistent_workers: bool = False, name: str = "dataset"):
         self.dataset, self.batch_size, self.collate_fn = dataset, batch_size, collate_fn
         self.seed, self.rank, self.num_workers, self.pin_memory = seed, rank, num_workers, pin_memory
+        per_epoch = callable(getattr(dataset, "set_epoch", None))  # per-epoch sample randomness (e.g. masking)
         self.sampler = ResumableSampler(len(dataset), shuffle=True, seed=seed, rank=rank,
-                                        world_size=world_size, drop_last=True)
+                                        world_size=world_size, drop_last=True, tag_epoch=per_epoch)
+        self._generator = torch.Generator()
+        self.loader = DataLoader(EpochTagged(dataset) if per_epoch else dataset, batch_size=batch_size,
+                                 sampler=self.sampler, collate_fn=collate_fn, num_workers=num_workers,
+                                 pin_memory=pin_memory, drop_last=True, generator=self._generator,
+                                 persistent_workers=bool(persistent_workers) and num_workers > 0,
+                                 worker_init_fn=freeze_inherited if num_workers else None)
         self.batches_per_epoch = self.sampler.per_rank() // batch_size
         if self.batches_per_epoch == 0:
             raise UserError(
@@ -92,15 +145,11 @@ class TrainStream:
         self._iter: Iterator[Any] | None = None
 
     def _start_epoch(self) -> None:
+        """Re-arm the one loader: this epoch's order from the current position (the sampler is read
+        when the loader is iterated, in this process, also with persistent workers)."""
         self.sampler.set_epoch(self.epoch, start=self.batch * self.batch_size)
-        if callable(getattr(self.dataset, "set_epoch", None)):  # per-epoch sample randomness (e.g. masking);
-            self.dataset.set_epoch(self.epoch)  # set before the loader starts, so its workers copy it
-        g = torch.Generator().manual_seed((self.seed * 1000003 + self.epoch) * 101 + self.rank)
-        loader = DataLoader(self.dataset, batch_size=self.batch_size, sampler=self.sampler,
-                            collate_fn=self.collate_fn, num_workers=self.num_workers,
-                            pin_memory=self.pin_memory, drop_last=True, generator=g,
-                            worker_init_fn=freeze_inherited if self.num_workers else None)
-        self._iter = iter(loader)
+        self._generator.manual_seed((self.seed * 1000003 + self.epoch) * 101 + self.rank)
+        self._iter = iter(self.loader)
 
     def __next__(self) -> Any:
         if self._iter is None:

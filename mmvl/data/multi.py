@@ -22,8 +22,9 @@ import math
 from typing import Any, Callable, Mapping, Protocol
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
+from mmvl.config.access import plain_dict
 from mmvl.errors import UserError, did_you_mean
 
 #: mixed into the seed so the draws are not correlated with samplers seeded from ``seed``
@@ -103,18 +104,10 @@ STRATEGIES: dict[str, tuple[StrategyFn, tuple[str, ...]]] = {
 DEFAULT_STRATEGY = "size_proportional"
 
 
-def _plain(config: DictConfig | Mapping[str, Any] | None) -> dict[str, Any]:
-    if config is None:
-        return {}
-    if isinstance(config, DictConfig):
-        return OmegaConf.to_container(config, resolve=True)  # type: ignore[return-value]
-    return dict(config)
-
-
 def resolve_strategy(config: DictConfig | Mapping[str, Any] | None,
                      sizes: dict[str, int]) -> tuple[str, list[float] | None]:
     """Validate the ``multitasking`` config; return (strategy name, normalized probabilities)."""
-    cfg = _plain(config)
+    cfg = plain_dict(config)
     name = cfg.get("type") or DEFAULT_STRATEGY
     if name not in STRATEGIES:
         raise UserError(f"multitasking.type={name!r} is not a sampling strategy; choose one of "

@@ -23,7 +23,7 @@ class PredictionWriter:
         self.path = os.path.join(folder, f"{dataset}_{split}.{fmt}")
         self.fmt, self.count = fmt, 0
         self._stack = contextlib.ExitStack()
-        self._file = self._stack.enter_context(atomic_open(self.path, "w", encoding="utf-8", newline=""))
+        self._file = self._stack.enter_context(atomic_open(self.path, "w"))
         self._csv: csv.DictWriter | None = None
 
     def write(self, rows: Iterable[dict[str, Any]]) -> None:

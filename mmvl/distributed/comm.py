@@ -29,11 +29,43 @@ def is_main_process() -> bool:
     return get_rank() == 0
 
 
-def _comm_device() -> torch.device:
-    """Where tensors must live for the backend: NCCL needs CUDA, gloo is safest on the CPU."""
-    if dist.get_backend() == "nccl":
+def backend() -> str | None:
+    """The default process group's backend (``None`` without a group)."""
+    return dist.get_backend() if is_initialized() else None
+
+
+def communication_device() -> torch.device:
+    """The one device policy for collectives: where every tensor must live for the backend.
+
+    NCCL takes only CUDA tensors on this rank's own GPU (``torch.cuda.current_device()``,
+    set to the local rank's GPU by ``init_distributed``; torch's object collectives and
+    barriers use the same device). gloo and the others are given CPU tensors.
+    """
+    if backend() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
+
+
+def place(tensor: torch.Tensor, device: torch.device, copy: bool = False) -> torch.Tensor:
+    """``tensor.to(device)``: the one place a tensor crosses to or from the communication device.
+
+    Every collective below goes through it, so the checking shim in the distributed tests
+    can stand a labelled CPU tensor in for a GPU one (``tests/distributed/comm_shim.py``).
+    """
+    return tensor.to(device, copy=copy)
+
+
+_OPS = {"sum": "SUM", "max": "MAX", "min": "MIN", "product": "PRODUCT"}
+
+
+def all_reduce(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+    """A new tensor: ``tensor`` reduced over all ranks with ``op`` (sum, max, min, product),
+    on ``tensor``'s device. No-op (the same tensor) at world size 1."""
+    if get_world_size() == 1:
+        return tensor
+    out = place(tensor, communication_device(), copy=True)
+    dist.all_reduce(out, op=getattr(dist.ReduceOp, _OPS[op]))
+    return place(out, tensor.device)
 
 
 def synchronize() -> None:
@@ -44,7 +76,7 @@ def synchronize() -> None:
 def broadcast(tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
     """Overwrite ``tensor`` on every rank with rank ``src``'s values (in place; returned)."""
     if get_world_size() > 1:
-        buf = tensor.to(_comm_device())
+        buf = place(tensor, communication_device())
         dist.broadcast(buf, src=src)
         if buf is not tensor:
             tensor.copy_(buf)
@@ -70,23 +102,7 @@ def all_gather_object(obj: Any) -> list[Any]:
 def all_reduce_mean(t: torch.Tensor) -> torch.Tensor:
     if get_world_size() == 1:
         return t
-    out = t.to(_comm_device(), copy=True)
-    dist.all_reduce(out)
-    return (out / get_world_size()).to(t.device)
-
-
-_OPS = {"sum": "SUM", "max": "MAX", "min": "MIN"}
-
-
-def all_reduce(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
-    """``op`` (sum, max, min) of ``tensor`` over all ranks: a new tensor on ``tensor``'s device, on every rank."""
-    if op not in _OPS:
-        raise ValueError(f"all_reduce: op {op!r} is not one of {sorted(_OPS)}")
-    if get_world_size() == 1:
-        return tensor.clone()
-    out = tensor.to(_comm_device(), copy=True)
-    dist.all_reduce(out, op=getattr(dist.ReduceOp, _OPS[op]))
-    return out.to(tensor.device)
+    return all_reduce(t) / get_world_size()
 
 
 def all_gather(tensor: torch.Tensor) -> list[torch.Tensor]:
@@ -100,9 +116,9 @@ def all_gather(tensor: torch.Tensor) -> list[torch.Tensor]:
     if world == 1:
         return [tensor]
     scalar, home = tensor.dim() == 0, tensor.device
-    tensor = tensor.to(_comm_device()).contiguous()
+    tensor = place(tensor, communication_device()).contiguous()
     tensor = tensor.reshape(1) if scalar else tensor
-    size = torch.tensor([tensor.shape[0]], dtype=torch.long, device=tensor.device)
+    size = place(torch.tensor([tensor.shape[0]], dtype=torch.long), communication_device())
     sizes = [torch.zeros_like(size) for _ in range(world)]
     dist.all_gather(sizes, size)
     lengths = [int(s.item()) for s in sizes]
@@ -112,7 +128,7 @@ def all_gather(tensor: torch.Tensor) -> list[torch.Tensor]:
         tensor = torch.cat([tensor, pad])
     out = [torch.empty_like(tensor) for _ in range(world)]
     dist.all_gather(out, tensor)
-    trimmed = [t[:n].to(home) for t, n in zip(out, lengths)]
+    trimmed = [place(t[:n], home) for t, n in zip(out, lengths)]
     return [t.reshape(()) for t in trimmed] if scalar else trimmed
 
 
@@ -128,9 +144,7 @@ def reduce_dict(values: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     home = scalars[0].device
     stacked = torch.stack([v.to(home) for v in scalars])
     if get_world_size() > 1:
-        stacked = stacked.to(_comm_device())
-        dist.all_reduce(stacked)
-        stacked = (stacked / get_world_size()).to(home)
+        stacked = all_reduce(stacked) / get_world_size()
     return {k: stacked[i] for i, k in enumerate(keys)}
 
 

@@ -8,33 +8,23 @@ from __future__ import annotations
 import datetime
 import logging
 import os
-import random
 from typing import Any, Mapping
 
-import numpy as np
 import torch
 import torch.distributed as dist
-from omegaconf import DictConfig, OmegaConf
 
+from mmvl.config.access import config_value  # noqa: F401  (also imported from here by strategies)
 from mmvl.distributed.env import DistEnv
 from mmvl.distributed.slurm import detect_slurm
 from mmvl.errors import UserError
+from mmvl.utils.rng import seed_everything
 
 log = logging.getLogger(__name__)
 
-BACKENDS = ("auto", "nccl", "gloo", "mpi")
+#: ``distributed.backend`` values (validation lists them from here)
+BACKENDS = ("auto", "nccl", "gloo")
 NCCL_KNOBS = {"nsocks_perthread": "NCCL_NSOCKS_PERTHREAD", "socket_nthreads": "NCCL_SOCKET_NTHREADS"}
 DEFAULT_TIMEOUT_MINUTES = 30.0
-
-
-def config_value(config: Any, key: str, default: Any = None) -> Any:
-    """``config.<key>`` or ``default`` when the key is absent or null (plain dicts accepted)."""
-    if config is None:
-        return default
-    if not isinstance(config, DictConfig):
-        config = OmegaConf.create(config)
-    value = OmegaConf.select(config, key, default=None)
-    return default if value is None else value
 
 
 def device_count() -> int:
@@ -123,6 +113,22 @@ def check_world_size(config: Any, launched: int) -> None:
                     f"set distributed.world_size={launched}")
 
 
+def local_device_index(local_rank: int, source: str) -> int:
+    """This process's GPU among those it sees.
+
+    Usually the local rank. Under SLURM with ``--gpus-per-task`` every task sees only its
+    own GPUs (numbered from 0), so the index is ``local_rank % device_count()``. Other
+    launchers never hide GPUs per process: more local ranks than GPUs is a mistake there.
+    """
+    count = device_count()
+    if local_rank < count:
+        return local_rank
+    if source == "SLURM" and count > 0:
+        return local_rank % count
+    raise UserError(f"local rank {local_rank} ({source}) but only {count} CUDA devices are visible; "
+                    f"start at most {count} processes per node.")
+
+
 def init_distributed(config: Any = None, environ: Mapping[str, str] | None = None) -> DistEnv:
     """Read the launcher, join the process group when there is more than one process, pick the device."""
     environ = os.environ if environ is None else environ
@@ -142,11 +148,9 @@ def init_distributed(config: Any = None, environ: Mapping[str, str] | None = Non
     check_world_size(config, layout["world_size"])
     local_rank = layout["local_rank"]
     if cuda:
-        if local_rank >= device_count():
-            raise UserError(f"local rank {local_rank} ({layout['source']}) but only {device_count()} CUDA "
-                            f"devices are visible; start at most {device_count()} processes per node.")
-        torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", local_rank)
+        index = local_device_index(local_rank, layout["source"])
+        torch.cuda.set_device(index)  # object collectives and barriers use the current device
+        device = torch.device("cuda", index)
     else:
         device = torch.device("cpu")
     backend = _backend(config, cuda)
@@ -161,15 +165,6 @@ def init_distributed(config: Any = None, environ: Mapping[str, str] | None = Non
         backend = dist.get_backend()
     return DistEnv(rank=layout["rank"], world_size=layout["world_size"], local_rank=local_rank,
                    local_world_size=layout["local_world_size"], device=device, backend=backend)
-
-
-def seed_everything(seed: int, rank: int = 0) -> int:
-    """Seed python, numpy and torch with ``seed + rank`` (per-rank randomness: dropout, augmentation)."""
-    value = (int(seed) + int(rank)) % 2**32
-    random.seed(value)
-    np.random.seed(value)
-    torch.manual_seed(value)  # also every CUDA device
-    return value
 
 
 def seed_for_init(seed: int) -> int:

@@ -14,8 +14,7 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from mmvl.models.modules.bert import (TextBertModel, build_text_bert, enable_bert_checkpointing, plain_config,
-                                      require_num_labels)
+from mmvl.models.modules.bert import (TextBertModel, enable_bert_checkpointing)
 from mmvl.models.modules.visual_tokens import VisualTokens, pool_tokens
 from mmvl.registry import register_model
 
@@ -28,9 +27,7 @@ class ConcatBert(TextBertModel):
 
     def __init__(self, config: DictConfig):
         super().__init__(config)
-        cfg = plain_config(config)
-        num_labels = require_num_labels(cfg, "concat_bert")
-        self.bert = build_text_bert(cfg, "concat_bert")
+        cfg, num_labels = self.build_text("concat_bert")
         bc = self.bert.config
         self.visual = VisualTokens(cfg, "concat_bert")
         fused = bc.hidden_size + self.visual.out_dim
@@ -40,10 +37,7 @@ class ConcatBert(TextBertModel):
         self.classifier = nn.Sequential(
             nn.Dropout(dropout), nn.Linear(fused, hidden), nn.GELU(), nn.LayerNorm(hidden, eps=bc.layer_norm_eps),
             nn.Dropout(dropout), nn.Linear(hidden, num_labels))
-        for module in self.classifier:
-            if isinstance(module, nn.Linear):
-                nn.init.normal_(module.weight, std=bc.initializer_range)
-                nn.init.zeros_(module.bias)
+        self.init_new_layers(self.classifier)
 
     def forward(self, batch: dict[str, Any]) -> dict[str, Any]:
         input_ids = batch["input_ids"]

@@ -40,9 +40,7 @@ class MMBT(TextBertModel):
 
     def __init__(self, config: DictConfig):
         super().__init__(config)
-        cfg = plain_config(config)
-        num_labels = require_num_labels(cfg, "mmbt")
-        self.bert = build_text_bert(cfg, "mmbt")
+        cfg, num_labels = self.build_text("mmbt")
         bc = self.bert.config
         self.num_image_tokens = int(cfg.get("num_image_tokens") or 1)
         if self.num_image_tokens + 2 > bc.max_position_embeddings:
@@ -52,9 +50,7 @@ class MMBT(TextBertModel):
         self.image_proj = nn.Linear(self.visual.out_dim, bc.hidden_size)
         self.classifier = nn.Sequential(nn.Dropout(float(cfg.get("classifier_dropout", bc.hidden_dropout_prob))),
                                         nn.Linear(bc.hidden_size, num_labels))
-        for module in (self.image_proj, self.classifier[1]):
-            nn.init.normal_(module.weight, std=bc.initializer_range)
-            nn.init.zeros_(module.bias)
+        self.init_new_layers(self.image_proj, self.classifier)
 
     def forward(self, batch: dict[str, Any]) -> dict[str, Any]:
         input_ids = batch["input_ids"]

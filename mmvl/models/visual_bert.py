@@ -24,8 +24,7 @@ from torch import nn
 
 from mmvl.errors import UserError
 from mmvl.models.modules import film  # noqa: F401  (registers the film_cnn image encoder)
-from mmvl.models.modules.bert import (TextBertModel, bidirectional_mask, build_text_bert,
-                                      enable_bert_checkpointing, plain_config, require_num_labels)
+from mmvl.models.modules.bert import (TextBertModel, bidirectional_mask, enable_bert_checkpointing, plain_config)
 from mmvl.models.modules.heads import PretrainingHeads
 from mmvl.models.modules.image_encoders import build_image_encoder
 from mmvl.models.modules.visual_embeddings import RegionEmbeddings, VisualEmbeddings
@@ -33,6 +32,8 @@ from mmvl.models.modules.visual_tokens import region_inputs, require_image
 from mmvl.registry import register_model
 
 HEAD_TYPES = ("classification", "pretraining")
+#: what the classification head reads (``last_text_token``: MMF's ``pooler_strategy: vqa``)
+CLASSIFIER_INPUTS = ("pooled", "pooled_and_visual", "last_text_token")
 
 
 @register_model("visual_bert")
@@ -51,11 +52,9 @@ class VisualBert(TextBertModel):
         if self.head_type == "pretraining" and cfg.get("losses"):
             raise UserError("visual_bert: training_head_type=pretraining computes its own losses (mlm, itm); set "
                             "model_config.visual_bert.losses: [] so the matching loss is not counted twice.")
-        self.bert = build_text_bert(cfg, "visual_bert")
+        self.build_text("visual_bert", labels=self.head_type == "classification")
         bc = self.bert.config
         hidden = bc.hidden_size
-        if self.head_type == "classification":
-            require_num_labels(cfg, "visual_bert")
         self.feature_dim = int(cfg["feature_dim"]) if cfg.get("feature_dim") else None
         # ``pooled``: VisualBERT's head on the pooled [CLS]. ``pooled_and_visual`` also reads
         # every visual token's final hidden state in grid order, so a position-specific answer
@@ -63,7 +62,7 @@ class VisualBert(TextBertModel):
         self.classifier_input = str(cfg.get("classifier_input") or "pooled")
         self.image_encoder: nn.Module | None = None
         if self.feature_dim:
-            if self.classifier_input != "pooled":
+            if self.classifier_input == "pooled_and_visual":
                 raise UserError(f"visual_bert: classifier_input={self.classifier_input!r} needs a fixed image "
                                 "grid; with feature_dim set use classifier_input: pooled.")
             self.region_embeddings = RegionEmbeddings(self.feature_dim, hidden, bc.hidden_dropout_prob,
@@ -83,9 +82,9 @@ class VisualBert(TextBertModel):
             self.classifier = self._build_classifier(cfg, hidden, bc)
 
     def _build_classifier(self, cfg: dict[str, Any], hidden: int, bc: Any) -> nn.Module:
-        if self.classifier_input not in ("pooled", "pooled_and_visual"):
-            raise UserError(f"visual_bert: classifier_input={self.classifier_input!r}; use 'pooled' "
-                            "or 'pooled_and_visual'.")
+        if self.classifier_input not in CLASSIFIER_INPUTS:
+            raise UserError(f"visual_bert: classifier_input={self.classifier_input!r}; use one of "
+                            f"{', '.join(CLASSIFIER_INPUTS)}.")
         head_in = hidden
         if self.classifier_input == "pooled_and_visual":
             size = int(cfg.get("image_size") or 75)
@@ -99,10 +98,7 @@ class VisualBert(TextBertModel):
             nn.Linear(hidden, int(cfg["num_labels"])),
         )
         projections = [] if self.image_encoder is None else [self.visual_embeddings.proj]
-        for module in [*projections, *classifier]:
-            if isinstance(module, nn.Linear):
-                nn.init.normal_(module.weight, std=bc.initializer_range)
-                nn.init.zeros_(module.bias)
+        self.init_new_layers(*projections, classifier)
         return classifier
 
     def forward(self, batch: dict[str, Any]) -> dict[str, Any]:
@@ -125,6 +121,9 @@ class VisualBert(TextBertModel):
                                 f"{self.num_visual_tokens} visual tokens but got {visual_out.shape[1]}; "
                                 "set model_config.visual_bert.image_size to the input image size.")
             pooled = torch.cat([pooled, visual_out.flatten(1)], dim=1)
+        elif self.classifier_input == "last_text_token":  # the token before [SEP], not the pooler
+            last = (text_mask.sum(1) - 2).clamp(min=0)
+            pooled = hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
         return {"scores": self.classifier(pooled)}
 
     def _visual_tokens(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -25,7 +25,7 @@ from typing import Any, Mapping
 
 import torch
 
-from mmvl.data.loaders import eval_loader
+from mmvl.data.loaders import eval_loader, resolve_pin_memory
 from mmvl.data.predictions import PredictionWriter
 from mmvl.distributed import comm
 from mmvl.errors import UserError
@@ -65,7 +65,8 @@ def _evaluate_dataset(trainer: Any, name: str, builder: Any, split: str) -> dict
     if total == 0:
         raise UserError(f"{name}: the {split} split has no samples; check its files or choose another run_type.")
     loader = eval_loader(dataset, batch_size=trainer.batch_size, collate_fn=builder.collate, rank=env.rank,
-                         world_size=env.world_size, num_workers=int(config.training.num_workers))
+                         world_size=env.world_size, num_workers=int(config.training.num_workers),
+                         pin_memory=resolve_pin_memory(config.training.pin_memory, env.device))
     metrics = [as_metric(m) for m in trainer.metrics[name]]
     for m in metrics:
         m.reset()

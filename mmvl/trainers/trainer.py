@@ -18,7 +18,7 @@ from mmvl.utils.logger import setup_logging
 from mmvl.checkpoint import CheckpointManager
 from mmvl.build import build_callbacks, build_datasets, build_model, model_config
 from mmvl.data.sample import DevicePrefetcher
-from mmvl.data.loaders import TrainStream
+from mmvl.data.loaders import TrainStream, resolve_pin_memory
 from mmvl.distributed import comm
 from mmvl.distributed.env import DistEnv
 from mmvl.engine import Engine
@@ -29,7 +29,7 @@ from mmvl.optim import build_optimizer, build_scheduler
 from mmvl.trainers.callbacks.checkpoint import resume
 from mmvl.trainers.evaluation import evaluate as evaluate_split
 from mmvl.trainers.evaluation import prepare_split
-from mmvl.utils.rng import get_rng_state, seed_all, set_rng_state
+from mmvl.utils.rng import get_rng_state, seed_everything, set_rng_state
 
 log = logging.getLogger("mmvl")
 
@@ -51,7 +51,7 @@ class Trainer:
         if self.env.is_main_process:
             _check_writable(str(config.env.save_dir))
         setup_logging(str(config.env.save_dir), self.env.rank)
-        seed_all(int(t.seed))  # identical model initialisation on every rank
+        seed_everything(int(t.seed))  # identical model initialisation on every rank
         self.engine = Engine(config, env=self.env)
         world = self.env.world_size
         if int(t.batch_size) % world:
@@ -63,12 +63,12 @@ class Trainer:
         self.model = build_model(config, self.builders,
                                  checkpointing=not self.engine.strategy.handles_gradient_checkpointing)
         self.losses = build_losses(list(model_config(config, self.builders).get("losses") or []))
-        optimizer = build_optimizer(self.model, config)
+        optimizer = build_optimizer(self.model, config, device=self.env.device)
         self.model, self.optimizer = self.engine.prepare(self.model, optimizer)
         self.metrics = {name: build_metrics(list(b.config.get("metrics") or [])
                                             + list(config.evaluation.get("metrics") or []))
                         for name, b in self.builders.items()}
-        seed_all(int(t.seed) + self.env.rank)  # per-rank randomness from here on
+        seed_everything(int(t.seed), self.env.rank)  # per-rank randomness from here on
         self.train_data = self._train_stream() if "train" in config.run_type else None
         self.update = 0
         self.max_updates = self._max_updates()
@@ -102,14 +102,15 @@ class Trainer:
         streams = {name: TrainStream(
             b.build("train"), batch_size=self.batch_size, collate_fn=b.collate,
             seed=int(t.seed), rank=self.env.rank, world_size=self.env.world_size,
-            num_workers=int(t.num_workers), pin_memory=bool(t.pin_memory), name=name)
+            num_workers=int(t.num_workers), pin_memory=resolve_pin_memory(t.pin_memory, self.env.device),
+            persistent_workers=bool(t.persistent_workers), name=name)
             for name, b in self.builders.items()}
         stream = next(iter(streams.values()))
         if len(streams) > 1:
             from mmvl.data.multi import MultiStream
 
             stream = MultiStream(streams, self.config.get("multitasking"), seed=int(t.seed))
-        if self.env.device.type == "cuda":  # copy the next batch on a side stream
+        if self.env.device.type == "cuda" and self.engine.prefetch:  # copy the next batch on a side stream
             stream = DevicePrefetcher(stream, self.env.device)
         return stream
 
@@ -161,8 +162,7 @@ class Trainer:
         if not self.config.training.get("exit_on_nan", True) or self.engine.precision == "fp16":
             return  # under fp16 the grad scaler skips non-finite steps on every rank
         bad = (~torch.isfinite(totals["total_loss"])).float()
-        if self.env.world_size > 1:
-            torch.distributed.all_reduce(bad, op=torch.distributed.ReduceOp.MAX)
+        bad = comm.all_reduce(bad, "max")
         if bad.item():
             last = os.path.join(self.config.env.save_dir, "checkpoints", "last.ckpt")
             values = ", ".join(f"{k}={v.item():.4g}" for k, v in totals.items())

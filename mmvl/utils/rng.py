@@ -20,7 +20,9 @@ def get_rng_state() -> dict[str, Any]:
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state()
+        # every visible GPU's generator: under dp each replica draws (dropout) from its own GPU's.
+        # A generator's state is a few bytes kept on the host: no GPU is touched to read it.
+        state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
@@ -32,10 +34,22 @@ def set_rng_state(state: dict[str, Any]) -> None:
                          nps["has_gauss"], nps["cached_gaussian"]))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
+        saved = state["cuda"]
+        if isinstance(saved, torch.Tensor):  # checkpoints before every GPU was saved: the current one
+            torch.cuda.set_rng_state(saved)
+        else:  # GPU i's state back to GPU i, for the GPUs both runs see
+            for index, gpu_state in enumerate(saved[:torch.cuda.device_count()]):
+                torch.cuda.set_rng_state(gpu_state, index)
 
 
-def seed_all(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % (2**32))
-    torch.manual_seed(seed)
+def seed_everything(seed: int, rank: int = 0) -> int:
+    """Seed Python, NumPy and torch (every device) with ``seed + rank``; returns the value used.
+
+    ``rank=0`` on every rank gives identical model initialisation; the rank
+    added afterwards gives each rank its own dropout and augmentation draws.
+    """
+    value = (int(seed) + int(rank)) % 2**32
+    random.seed(value)
+    np.random.seed(value)
+    torch.manual_seed(value)
+    return value

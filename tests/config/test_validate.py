@@ -129,7 +129,8 @@ def test_numbers_are_coerced_where_harmless(root, tmp_path):
 
 @pytest.mark.parametrize("opt", ["training.precision=fp8", "distributed.strategy=horovod",
                                  "distributed.backend=mpi", "run_type=training",
-                                 "checkpoint.resume=maybe", "optimizer.lr_scaling=cubic"])
+                                 "checkpoint.resume=maybe", "optimizer.lr_scaling=cubic",
+                                 "training.pin_memory=always"])
 def test_choice_errors_list_the_choices(root, opt):
     with pytest.raises(UserError, match="must be one of"):
         load(root, opt)
@@ -140,6 +141,8 @@ def test_choices_accepted(root):
                "optimizer.lr_scaling=linear", "training.precision=bf16")
     assert cfg.checkpoint.resume == "auto" and cfg.distributed.strategy == "fsdp"
     assert load(root, "checkpoint.resume=true").checkpoint.resume is True
+    assert [load(root, f"training.pin_memory={v}").training.pin_memory for v in ("auto", "true", "false")] == [
+        "auto", True, False]
 
 
 def test_positive_counts(root):

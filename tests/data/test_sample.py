@@ -1,14 +1,13 @@
-import contextlib
 from collections import namedtuple
 
 import pytest
 import torch
 from torch.utils.data import DataLoader
 
-import mmvl.data.sample as sample
 import mmvl.data.shm as shm
 from mmvl.data.loaders import TrainStream
 from mmvl.data.sample import DevicePrefetcher, batch_size_of, collate, to_device
+from tests.fixtures.fake_cuda import StreamRecorder
 
 
 def test_short_sequences_pad_to_the_longest_in_the_batch_not_a_fixed_max():
@@ -135,41 +134,8 @@ def test_prefetcher_state_is_of_consumed_batches_so_resume_skips_nothing():
         _same(a, b)
 
 
-class _Recorder:
-    """Stands in for torch.cuda's streams to check the order of copy, wait and hand-over."""
-
-    def __init__(self):
-        self.log, self.on_side = [], False
-        test = self
-
-        class Stream:
-            def __init__(self, device=None):
-                pass
-
-            def wait_stream(self, other):
-                test.log.append("wait")
-
-        self.Stream, self.compute = Stream, Stream()
-
-    @contextlib.contextmanager
-    def stream(self, s):
-        self.on_side = True
-        yield
-        self.on_side = False
-
-    def to_device(self, batch, device, non_blocking=True):
-        self.log.append(f"copy{batch['x'].item()}:{'side' if self.on_side else 'compute'}:"
-                        f"{'async' if non_blocking else 'sync'}")
-        return batch
-
-
 def test_cuda_path_copies_ahead_on_the_side_stream_and_waits_before_handing_over(monkeypatch):
-    rec = _Recorder()
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "Stream", rec.Stream)
-    monkeypatch.setattr(torch.cuda, "stream", rec.stream)
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: rec.compute)
-    monkeypatch.setattr(sample, "to_device", rec.to_device)
+    rec = StreamRecorder().install(monkeypatch)
     prefetcher = DevicePrefetcher([{"x": torch.tensor(i)} for i in range(3)], "cuda")
     it = iter(prefetcher)
     assert rec.log == ["copy0:side:async"]  # the first copy starts before any step
@@ -311,3 +277,38 @@ def test_arenas_under_other_start_methods(fresh_arenas, context):
     for _ in range(2):
         for a, b in zip(loader, expected):
             _assert_batches_equal(a, b)
+
+
+@pytest.mark.cuda
+def test_prefetcher_on_cuda_copies_pinned_batches_on_a_side_stream_and_hands_them_over_intact(monkeypatch):
+    """Pinned batches are copied asynchronously on the side stream while the compute stream is busy;
+    the compute stream still reads every batch complete (it waits on the copy), features stay fp16."""
+    import mmvl.data.sample as sample
+
+    copies = []
+    real = sample.to_device
+
+    def recording(batch, device, non_blocking=True):
+        copies.append((torch.cuda.current_stream(device), non_blocking,
+                       all(t.is_pinned() for t in (batch["x"], batch["feat"]))))
+        return real(batch, device, non_blocking)
+
+    monkeypatch.setattr(sample, "to_device", recording)
+    items = [{"x": torch.full((512, 1024), float(i)), "feat": torch.full((36, 2048), i, dtype=torch.float16)}
+             for i in range(8)]  # 2 MiB + 144 KiB a sample: copies long enough to overlap
+    loader = DataLoader(items, batch_size=2, collate_fn=collate, pin_memory=True)
+    prefetcher = DevicePrefetcher(loader, "cuda")
+    compute = torch.cuda.current_stream()
+    sums = []
+    for batch in prefetcher:
+        torch.cuda._sleep(2_000_000)  # the compute stream is busy while the next batch copies
+        assert batch["x"].is_cuda and batch["feat"].dtype == torch.float16
+        sums.append((batch["x"].sum(dim=(1, 2)), batch["feat"].float().sum(dim=(1, 2))))
+    torch.cuda.synchronize()
+    assert [s.tolist() for s, _ in sums] == [[float(i) * 512 * 1024, float(i + 1) * 512 * 1024]
+                                              for i in range(0, 8, 2)]
+    assert [f.tolist() for _, f in sums] == [[float(i) * 36 * 2048, float(i + 1) * 36 * 2048]
+                                              for i in range(0, 8, 2)]
+    assert len(copies) == 4
+    for stream, non_blocking, pinned in copies:
+        assert stream == prefetcher._side and stream != compute and non_blocking and pinned

@@ -3,7 +3,9 @@
 ``launch`` is the reusable 2-process gloo launcher (see ``dist_launch.launch``).
 ``dist_group`` spawns ONE 2-rank group per session that runs every strategy's
 and the collectives' checks (``dist_checks.run_all``); test classes read their
-part of its results. ``references`` holds the single-process runs they are
+part of its results. That group runs under the checking shim claiming NCCL
+(``comm_shim``): a collective given a tensor NCCL could not take, or run on
+another rank's GPU, fails the plan it belongs to. ``references`` holds the single-process runs they are
 compared with.
 """
 from __future__ import annotations
@@ -49,5 +51,14 @@ def dist_group(references, tmp_path_factory):
 
     workdir = str(tmp_path_factory.mktemp("group"))
     ckpts = {m: r["world1_ckpt"] for m, r in references.items()}
-    ranks = dist_launch.launch(run_all, world_size=2, args=(ckpts, workdir), timeout=GROUP_TIMEOUT_S)
+    ranks = dist_launch.launch(run_all, world_size=2, args=(ckpts, workdir), timeout=GROUP_TIMEOUT_S,
+                               claim="nccl")
     return {"workdir": workdir, "ranks": ranks}
+
+
+def pytest_generate_tests(metafunc):
+    """``key``: the ``distributed.*`` keys the class's strategy honours (``dist_checks.KEYS``)."""
+    if "key" in metafunc.fixturenames and getattr(metafunc.cls, "strategy", None):
+        from dist_checks import KEYS
+
+        metafunc.parametrize("key", KEYS.get(metafunc.cls.strategy, ()))

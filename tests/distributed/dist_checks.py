@@ -14,7 +14,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dist_models import batch, build, full_params, local_optimizer_state_bytes, train
+from dist_models import LR, batch, build, full_params, local_optimizer_state_bytes, make_config, train
+from mmvl.distributed.init import seed_for_init
+from mmvl.distributed.strategies import build_strategy
 
 STEPS = 20
 HALF = 10
@@ -22,11 +24,18 @@ CLIP = 0.05
 RUNS = {"plain": (1, None), "accum": (2, None), "clip": (1, CLIP), "accum_clip": (2, CLIP)}
 #: strategy -> (model, extra checks run in the same group)
 PLANS = {
-    "ddp": ("mlp", ("comm_count",)),
-    "zero_fairscale": ("mlp", ("int_step",)),
-    "zero_torch": ("mlp", ("int_step",)),
-    "fsdp": ("transformer", ("checkpointing", "sharded", "bf16")),
+    "ddp": ("mlp", ("comm_count", "keys")),
+    "zero_fairscale": ("mlp", ("int_step", "keys")),
+    "zero_torch": ("mlp", ("int_step", "keys")),
+    "fsdp": ("transformer", ("checkpointing", "sharded", "bf16", "keys")),
 }
+#: registered strategies that run in one process: held to the reference in that process
+#: (tests/distributed/test_dist_one_process.py); with PLANS, every registered strategy
+ONE_PROCESS = {"single": "mlp", "dp": "mlp"}
+#: ``distributed.*`` keys each strategy honours, checked for what their names say by ``_keys``
+KEYS = {"ddp": ("broadcast_buffers",), "zero_torch": ("broadcast_buffers",),
+        "zero_fairscale": ("broadcast_buffers", "broadcast_fp16", "reduce_buffer_size"),
+        "fsdp": ("reshard_after_forward",)}
 
 
 def roundtrip(obj: Any) -> Any:
@@ -188,8 +197,48 @@ def _sharded_roundtrip(env, name, model_name, world1_ckpt, workdir) -> dict[str,
             "sharded_flag": strat.sharded_checkpoint}
 
 
+def _buffer_after_forward(env, name: str, broadcast: bool) -> float:
+    """Rank-specific BatchNorm statistics before one forward: what this rank holds after it."""
+    seed_for_init(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4, momentum=None))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    strat = build_strategy(make_config(name, {"broadcast_buffers": broadcast}), env)
+    model, optimizer = strat.wrap(model, optimizer)
+    strat.unwrap(model)[1].num_batches_tracked.fill_(10 * (env.rank + 1))
+    model(torch.randn(4, 4)).sum().backward()
+    return float(strat.unwrap(model)[1].num_batches_tracked)
+
+
+def _keys(env, name, model_name, world1_ckpt, workdir) -> dict[str, Any]:
+    """Each ``distributed.*`` key in ``KEYS[name]`` set away from its default does what it says."""
+    out: dict[str, Any] = {}
+    if "broadcast_buffers" in KEYS[name]:
+        out["buffers_broadcast"] = _buffer_after_forward(env, name, True)
+        out["buffers_own"] = _buffer_after_forward(env, name, False)
+    if "broadcast_fp16" in KEYS[name]:
+        for fp16 in (False, True):
+            strat, model, opt = build(model_name, name, env, {"broadcast_fp16": fp16})
+            train(strat, model, opt, model_name, range(2), env.rank, env.world_size)
+            out[f"fp16_rounded_{fp16}"] = all(torch.equal(p, p.half().float()) for p in model.parameters())
+    if "reduce_buffer_size" in KEYS[name]:
+        for size in (0, 2**23):
+            strat, model, opt = build(model_name, name, env, {"reduce_buffer_size": size})
+            train(strat, model, opt, model_name, range(STEPS), env.rank, env.world_size)
+            out[f"buckets_{size}"] = len(model._bucket_list)
+            out[f"params_buckets_{size}"] = full_params(strat, model)
+    if "reshard_after_forward" in KEYS[name]:
+        for reshard in (True, False):
+            strat, model, opt = build(model_name, name, env, {"reshard_after_forward": reshard})
+            model(batch(0, model_name)[0])  # the forward only: what each layer holds until its backward
+            out[f"layer_params_after_forward_{reshard}"] = sorted({type(p).__name__ for u in model.layers
+                                                                   for p in u.parameters()})
+            train(strat, model, opt, model_name, range(STEPS), env.rank, env.world_size)
+            out[f"params_reshard_{reshard}"] = full_params(strat, model)
+    return out
+
+
 EXTRA = {"int_step": _int_step, "comm_count": _count_allreduces, "checkpointing": _checkpointing,
-         "bf16": _bf16, "sharded": _sharded_roundtrip}
+         "bf16": _bf16, "sharded": _sharded_roundtrip, "keys": _keys}
 
 
 def run_all(env, world1_ckpts: dict[str, str], workdir: str) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import datetime
+import sys
 import time
 from typing import Any
 
@@ -28,7 +29,8 @@ def _eval_outputs(indices: list[int]) -> dict[str, Any]:
 
 def comm_checks(env) -> dict[str, Any]:
     rank, world = env.rank, env.world_size
-    out: dict[str, Any] = {"rank": rank, "world": world, "backend": env.backend,
+    out: dict[str, Any] = {"rank": rank, "world": world, "backend": env.backend, "transport": dist.get_backend(),
+                           "comm_device": str(comm.communication_device()),
                            "is_main": comm.is_main_process(), "comm_rank": comm.get_rank(),
                            "comm_world": comm.get_world_size()}
     # different first-dimension sizes: rank 0 has 1 row, rank 1 has 3
@@ -66,4 +68,6 @@ def comm_checks(env) -> dict[str, Any]:
         out["waited_s"] = time.monotonic() - start
     else:
         time.sleep(3 * TIMEOUT_S)
+    shim = getattr(sys.modules.get("comm_shim"), "ACTIVE", None)
+    out["shim_checked"] = sorted(set(shim.checked)) if shim is not None else None
     return out

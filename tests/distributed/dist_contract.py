@@ -92,3 +92,23 @@ class StrategyContract:
 
     def test_world1_checkpoint_resumes_at_world2(self, ranks, ref):
         assert_params_close(ranks[0]["resumed"], ref["plain"])
+
+    def test_distributed_key_does_what_it_says(self, ranks, ref, key):
+        """Parametrised over ``dist_checks.KEYS[strategy]`` (see conftest): each key set away from its
+        default changes what its name says, and training still matches the single process."""
+        if key == "broadcast_buffers":  # rank r starts at 10 * (r + 1) tracked batches; the forward adds 1
+            assert [r["buffers_broadcast"] for r in ranks] == [11.0, 11.0]
+            assert [r["buffers_own"] for r in ranks] == [11.0, 21.0]
+        elif key == "broadcast_fp16":
+            assert all(r["fp16_rounded_True"] for r in ranks) and not any(r["fp16_rounded_False"] for r in ranks)
+        elif key == "reduce_buffer_size":
+            assert ranks[0]["buckets_0"] == 0 and ranks[0][f"buckets_{2**23}"] > 0
+            for size in (0, 2**23):
+                assert_params_close(ranks[0][f"params_buckets_{size}"], ref["plain"])
+        elif key == "reshard_after_forward":
+            assert ranks[0]["layer_params_after_forward_True"] == ["DTensor"]  # freed back to shards
+            assert ranks[0]["layer_params_after_forward_False"] == ["Parameter"]  # kept gathered
+            for reshard in (True, False):
+                assert_params_close(ranks[0][f"params_reshard_{reshard}"], ref["plain"])
+        else:
+            pytest.fail(f"no check written for distributed.{key}")

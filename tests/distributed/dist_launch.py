@@ -2,7 +2,12 @@
 
 ``launch(fn, world_size=2)`` spawns fresh interpreters, sets the torchrun
 variables, joins the process group through ``mmvl.distributed.init_distributed``
-and calls ``fn(env, *args)`` on every rank. Each rank's return value (tensors,
+and calls ``fn(env, *args)`` on every rank. With ``claim="nccl"`` each rank runs
+under the checking shim (``comm_shim``): it joins as a GPU job would (NCCL, its
+own GPU) over a gloo transport, and every collective is held to NCCL's device
+rules; ``env.device`` is the CPU, where the tests' models live. With
+``join=False`` the rank joins nothing and ``fn`` gets the shim (or None) instead
+of an env, to join by itself (as the Engine does). Each rank's return value (tensors,
 numbers, lists, dicts) comes back in rank order. A rank that raises fails the
 call with its traceback; a rank that hangs is killed at ``timeout`` seconds,
 and the others are killed shortly after the first one fails, so nothing waits
@@ -51,7 +56,7 @@ def _load(path: str, qualname: str) -> Callable:
 
 
 def _entry(path: str, qualname: str, rank: int, world_size: int, port: int, outdir: str,
-           args: tuple, pg_timeout_s: float) -> None:
+           args: tuple, pg_timeout_s: float, claim: str | None = None, join: bool = True) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
                       LOCAL_WORLD_SIZE=str(world_size))
@@ -59,9 +64,20 @@ def _entry(path: str, qualname: str, rank: int, world_size: int, port: int, outd
     try:
         from mmvl.distributed.init import destroy, init_distributed
 
+        shim = None
+        if claim is not None:
+            sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+            import comm_shim
+
+            shim = comm_shim.claim(claim)
         fn = _load(path, qualname)
-        env = init_distributed({"distributed": {"backend": "gloo", "timeout_minutes": pg_timeout_s / 60},
-                                "training": {"device": "cpu"}})
+        if not join:
+            env = shim
+        elif shim is not None:
+            env = comm_shim.join(shim, {"distributed": {"timeout_minutes": pg_timeout_s / 60}})
+        else:
+            env = init_distributed({"distributed": {"backend": "gloo", "timeout_minutes": pg_timeout_s / 60},
+                                    "training": {"device": "cpu"}})
         result = fn(env, *args)
         torch.save(result, os.path.join(outdir, f"result_{rank}.pt"))
         destroy()
@@ -72,8 +88,10 @@ def _entry(path: str, qualname: str, rank: int, world_size: int, port: int, outd
 
 
 def launch(fn: Callable, world_size: int = 2, args: tuple = (), timeout: float = 120.0,
-           pg_timeout_s: float = 60.0) -> list[Any]:
+           pg_timeout_s: float = 60.0, claim: str | None = None, join: bool = True) -> list[Any]:
     """Run ``fn(env, *args)`` on ``world_size`` ranks; return each rank's result, in rank order.
+
+    ``claim``: run every rank under the checking shim claiming this backend (``"nccl"``).
 
     ``fn`` must be a module-level function in an importable file (it is
     loaded by path in the children).
@@ -83,7 +101,8 @@ def launch(fn: Callable, world_size: int = 2, args: tuple = (), timeout: float =
     ctx = mp.get_context("spawn")
     port = free_port()
     procs = [ctx.Process(target=_entry, daemon=True,
-                         args=(path, fn.__qualname__, rank, world_size, port, outdir, args, pg_timeout_s))
+                         args=(path, fn.__qualname__, rank, world_size, port, outdir, args, pg_timeout_s,
+                               claim, join))
              for rank in range(world_size)]
     try:
         for p in procs:

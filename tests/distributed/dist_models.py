@@ -65,12 +65,15 @@ class TinyTransformer(torch.nn.Module):
 MODELS = {"mlp": MLP, "transformer": TinyTransformer}
 
 
-def make_config(strategy: str, **training: Any):
-    return OmegaConf.create({"distributed": {"strategy": strategy}, "training": dict(training)})
+def make_config(strategy: str, distributed: dict[str, Any] | None = None, **training: Any):
+    return OmegaConf.create({"distributed": {"strategy": strategy, **(distributed or {})},
+                             "training": dict(training)})
 
 
-def build(model_name: str, strategy: str, env: DistEnv | None = None, **training: Any):
-    """Model + Adam (two param groups, as real configs have) wrapped by ``strategy``."""
+def build(model_name: str, strategy: str, env: DistEnv | None = None,
+          distributed: dict[str, Any] | None = None, **training: Any):
+    """Model + Adam (two param groups, as real configs have) wrapped by ``strategy``
+    (``distributed``: more ``distributed.*`` keys)."""
     env = env or DistEnv()
     seed_for_init(0)
     model = MODELS[model_name]()
@@ -78,7 +81,7 @@ def build(model_name: str, strategy: str, env: DistEnv | None = None, **training
     no_decay = [p for n, p in model.named_parameters() if not n.endswith("weight")]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01},
                                    {"params": no_decay, "weight_decay": 0.0}], lr=LR, eps=EPS)
-    strat = build_strategy(make_config(strategy, **training), env)
+    strat = build_strategy(make_config(strategy, distributed, **training), env)
     model, optimizer = strat.wrap(model, optimizer)
     return strat, model, optimizer
 

@@ -18,8 +18,13 @@ def ranks(dist_group):
 
 
 def test_environment(ranks):
+    """The group runs under the checking shim: NCCL claimed (each rank on its own GPU), gloo underneath."""
     for r, res in enumerate(ranks):
-        assert (res["rank"], res["world"], res["backend"]) == (r, 2, "gloo")
+        assert (res["rank"], res["world"], res["backend"], res["transport"]) == (r, 2, "nccl", "gloo")
+        assert res["comm_device"] == f"cuda:{r}"
+        # every kind of collective mmvl.distributed.comm issues went through the shim's checks
+        assert {"all_gather", "all_reduce", "broadcast", "all_gather_object", "broadcast_object_list",
+                "barrier"} <= set(res["shim_checked"])
         assert (res["comm_rank"], res["comm_world"], res["is_main"]) == (r, 2, r == 0)
 
 

@@ -36,6 +36,32 @@ def test_auto_resolution(config, env, want):
     assert resolve_strategy_name(config, env) == want
 
 
+@pytest.mark.parametrize("strategy,world,want", [
+    ("auto", 1, "single"),  # one process: nothing to split
+    ("auto", 2, "zero_fairscale"),  # what MMF built: fairscale OSS + ShardedDDP
+    ("zero_torch", 2, "zero_torch"), ("fsdp", 2, "fsdp"), ("zero_fairscale", 2, "zero_fairscale"),
+])
+def test_enable_state_sharding_picks_a_sharding_strategy(strategy, world, want):
+    config = {"optimizer": {"enable_state_sharding": True}, "distributed": {"strategy": strategy}}
+    assert resolve_strategy_name(config, DistEnv(world_size=world)) == want
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "dp", "single"])
+def test_enable_state_sharding_with_a_replicating_strategy_is_a_user_error(strategy):
+    config = {"optimizer": {"enable_state_sharding": True}, "distributed": {"strategy": strategy}}
+    with pytest.raises(UserError, match=f"enable_state_sharding=true but distributed.strategy={strategy} "
+                                        "keeps the whole optimizer state.*zero_fairscale"):
+        resolve_strategy_name(config, DistEnv(world_size=2))
+
+
+def test_ddp_options_from_config():
+    from mmvl.distributed.strategies.ddp import ddp_options
+
+    options = ddp_options(make_config("ddp", {"broadcast_buffers": False, "find_unused_parameters": True}))
+    assert options["find_unused_parameters"] is True
+    assert False in [options.get("forward_sync_buffers"), options.get("broadcast_buffers")]
+
+
 def test_process_group_strategy_without_group_runs_unwrapped(caplog):
     strat = build_strategy(make_config("ddp"), DistEnv())
     assert type(strat).__name__ == "SingleStrategy"
@@ -75,3 +101,17 @@ def test_scalers_and_unwrapped_strategies_on_cpu():
     dp = DataParallelStrategy(make_config("dp"), env)
     wrapped, _ = dp.wrap(model, None)
     assert wrapped is model and dp.unwrap(wrapped) is model  # one or no GPU: nothing to replicate
+
+
+@pytest.mark.parametrize("local_rank,device,want", [(1, torch.device("cuda", 1), [1]),
+                                                    (3, torch.device("cuda", 0), [0]),  # --gpus-per-task=1
+                                                    (1, torch.device("cpu"), None)])
+def test_ddp_wraps_on_the_gpu_init_chose(monkeypatch, local_rank, device, want):
+    """DDP's device_ids come from the device init_distributed chose, not from the local rank."""
+    from mmvl.distributed.strategies import ddp
+
+    seen = {}
+    monkeypatch.setattr(ddp, "DistributedDataParallel", lambda model, device_ids, **kw: seen.update(ids=device_ids))
+    ddp.wrap_ddp(torch.nn.Linear(2, 2), make_config("ddp"), DistEnv(world_size=4, local_rank=local_rank,
+                                                                    device=device))
+    assert seen["ids"] == want

@@ -60,3 +60,66 @@ def test_sharded_checkpoint_flag():
     cfg.distributed.sharded_checkpoint = True
     assert FSDPStrategy(cfg, DistEnv()).sharded_checkpoint
     assert not FSDPStrategy(make_config("fsdp"), DistEnv()).sharded_checkpoint
+
+
+# -- on a GPU (pytest -m cuda): FSDP2 over NCCL at world size 1 ----------------------------------------
+
+@pytest.fixture
+def nccl_world_of_one():
+    import torch.distributed as dist
+
+    from dist_launch import free_port
+
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        yield DistEnv(device=torch.device("cuda", 0), backend="nccl")
+    finally:
+        dist.destroy_process_group()
+
+
+def _train_on_cuda(name: str, env: DistEnv, steps: range, precision: str = "fp32", state=None):
+    """The transformer, wrapped by strategy ``name`` directly (build_strategy would run fsdp at world
+    size 1 as single), trained on the GPU; optionally resumed from a full ``state`` first."""
+    from dist_models import EPS, LR, MODELS, batch
+    from mmvl.distributed.init import seed_for_init
+    from mmvl.registry import STRATEGIES
+
+    seed_for_init(0)
+    model = MODELS["transformer"]().cuda()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, eps=EPS)
+    strategy = STRATEGIES.get(name)(make_config(name, precision=precision), env)
+    model, optimizer = strategy.wrap(model, optimizer)
+    if state is not None:
+        strategy.load_model_state_dict(model, state["model"])
+        strategy.load_optimizer_state_dict(model, optimizer, state["optimizer"])
+    for step in steps:
+        x, y = (t.cuda() for t in batch(step, "transformer"))
+        optimizer.zero_grad(set_to_none=True)
+        torch.nn.functional.mse_loss(model(x).float(), y).backward()
+        optimizer.step()
+    return strategy, model, optimizer
+
+
+@pytest.mark.cuda
+def test_fsdp_at_world_size_one_on_cuda(nccl_world_of_one):
+    from dist_checks import roundtrip
+    from dist_models import batch
+
+    env = nccl_world_of_one
+    single, s_model, _ = _train_on_cuda("single", env, range(6))
+    fsdp, f_model, _ = _train_on_cuda("fsdp", env, range(6))
+    assert all(hasattr(p, "to_local") for p in f_model.parameters())  # really sharded (DTensors)
+    uninterrupted = full_params(fsdp, f_model)
+    assert_params_close(uninterrupted, full_params(single, s_model))
+    # a full checkpoint at update 3 (the portable format), resumed on a fresh FSDP model
+    _, h_model, h_opt = _train_on_cuda("fsdp", env, range(3))
+    state = roundtrip({"model": fsdp.model_state_dict(h_model), "optimizer": fsdp.optimizer_state_dict(h_model, h_opt)})
+    assert sorted(state["optimizer"]["state"]) == list(range(len(uninterrupted)))
+    resumed, r_model, _ = _train_on_cuda("fsdp", env, range(3, 6), state=state)
+    assert_params_close(full_params(resumed, r_model), uninterrupted, atol=1e-6)
+    # bf16 mixed precision: bf16 compute, fp32 sharded master weights
+    _, b_model, _ = _train_on_cuda("fsdp", env, range(2), precision="bf16")
+    assert {p.dtype for p in b_model.parameters()} == {torch.float32}
+    with torch.no_grad():
+        assert b_model(batch(0, "transformer")[0].cuda()).dtype == torch.bfloat16

@@ -11,6 +11,7 @@ import torch.distributed as dist
 from mmvl.distributed.init import (destroy, detect_launcher, init_distributed, seed_everything,
                                    seed_for_init)
 from mmvl.errors import UserError
+from tests.fixtures.fake_cuda import FakeGPUs
 
 LAUNCHER_VARS = ["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                  "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE",
@@ -134,3 +135,39 @@ def test_seeds():
 
 def test_destroy_without_group_is_a_no_op():
     destroy()
+
+
+# -- which GPU each process takes (FakeGPUs: the decision, not a kernel) ----------------------------
+
+def _slurm(local_id: int, per_node: int = 4) -> dict[str, str]:
+    return {"SLURM_NTASKS": str(per_node), "SLURM_PROCID": str(local_id), "SLURM_LOCALID": str(local_id),
+            "SLURM_NTASKS_PER_NODE": str(per_node), "SLURM_JOB_NODELIST": "gpu01"}
+
+
+@pytest.mark.parametrize("local_id", [0, 1, 3])
+def test_slurm_one_gpu_per_task_takes_the_one_gpu_it_sees(clean_env, fake_init, local_id):
+    """``srun --gpus-per-task=1``: each task sees only its own GPU, as cuda:0."""
+    gpus = FakeGPUs(clean_env, count=1)
+    env = init_distributed({}, environ=_slurm(local_id))
+    assert (env.local_rank, env.device) == (local_id, torch.device("cuda", 0))
+    assert gpus.set_calls == [0] and fake_init[0]["backend"] == "nccl"
+
+
+def test_slurm_two_gpus_per_task(clean_env, fake_init):
+    gpus = FakeGPUs(clean_env, count=2)
+    assert init_distributed({}, environ=_slurm(3)).device == torch.device("cuda", 1)
+    assert gpus.set_calls == [1]
+
+
+@pytest.mark.parametrize("local_rank", [0, 1])
+def test_torchrun_rank_takes_its_local_gpu(clean_env, fake_init, local_rank):
+    gpus = FakeGPUs(clean_env, count=2)
+    env = init_distributed({}, environ={**TORCHRUN_2, "RANK": str(local_rank), "LOCAL_RANK": str(local_rank)})
+    assert env.device == torch.device("cuda", local_rank) and gpus.set_calls == [local_rank]
+
+
+def test_torchrun_with_more_local_ranks_than_gpus_is_a_user_error(clean_env, fake_init):
+    FakeGPUs(clean_env, count=1)
+    with pytest.raises(UserError, match="local rank 1 \\(torchrun\\) but only 1 CUDA devices"):
+        init_distributed({}, environ={**TORCHRUN_2, "RANK": "1", "LOCAL_RANK": "1"})
+    assert fake_init == []

@@ -115,3 +115,24 @@ def test_val_only_run_loads_resume_file(tmp_path):
     ref = [json.loads(line) for line in open(tmp_path / "save" / "metrics.jsonl")]
     assert results["val"]["toy"]["accuracy"] == pytest.approx(ref[-1]["accuracy"], abs=1e-6)
     assert os.path.exists(tmp_path / "eval" / "metrics.jsonl")
+
+
+@pytest.mark.cuda
+def test_resume_on_cuda_equals_uninterrupted(tmp_path):
+    """On a GPU the defaults pin batches (pin_memory: auto), prefetch them on a side stream, keep the
+    workers across epochs and fuse AdamW; a stop + resume still retraces the uninterrupted run."""
+    from mmvl.data.sample import DevicePrefetcher
+
+    opts = ("training.device=cuda", "model_config.toy_mlp.hidden_dropout_prob=0.2", "training.num_workers=2",
+            "training.max_updates=20")  # 8 batches an epoch: the runs cross epochs
+    straight = _fit(tmp_path / "straight", *opts)
+    assert isinstance(straight.train_data, DevicePrefetcher)
+    loader = straight.train_data.source.loader
+    assert loader.pin_memory and loader.persistent_workers and straight.optimizer.defaults["fused"] is True
+    first = _fit(tmp_path / "resumed", *opts, "training.callbacks=[{type: stop_at, params: {update: 11}}]")
+    assert first.update == 11
+    second = _fit(tmp_path / "resumed", *opts, "checkpoint.resume=true")
+    assert second.update == 20
+    for k, v in _params(straight).items():
+        assert v.is_cuda
+        torch.testing.assert_close(_params(second)[k], v, atol=1e-6, rtol=0, msg=k)

@@ -11,7 +11,6 @@ the preprocessing cache (:mod:`mmvl.data.cache`); processors fitted on the train
 """
 from __future__ import annotations
 
-import inspect
 import json
 import logging
 import os
@@ -23,6 +22,8 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import Dataset
 
+from mmvl.config.access import plain
+from mmvl.config.components import accepts, build_component, component_spec
 from mmvl.data import jsonstream
 from mmvl.data.base import DatasetBuilder
 from mmvl.data.cache import Cache, default_root, fingerprint, load_tables, make_key, save_tables
@@ -35,11 +36,6 @@ log = logging.getLogger("mmvl")
 
 BAD_IMAGE_POLICIES = ("error", "skip")
 _PLAIN_PIXELS = TorchvisionTransforms()  # float C x H x W in [0, 1] when no image_processor is set
-
-
-def plain(value: Any) -> Any:
-    """OmegaConf nodes -> plain Python containers (resolved)."""
-    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
 
 
 def data_path(data_dir: str, folder: str | None, path: str | os.PathLike) -> Path:
@@ -61,7 +57,7 @@ def _require_file(path: Path, dataset: str, what: str) -> None:
 def stream_json(path: Path, keys: tuple[str, ...], dataset: str,
                 what: str = "annotation file") -> Iterator[tuple[str, int, Any]]:
     """``(key, index, element)`` of the top-level arrays ``keys``, one element in memory at a time;
-    every problem is a one-line UserError naming the file, like :func:`load_json` and :func:`field_list`."""
+    every problem (a missing file, invalid JSON, a missing or non-list field) is a one-line UserError naming it."""
     _require_file(path, dataset, what)
     try:
         yield from jsonstream.iter_arrays(path, keys)
@@ -124,42 +120,10 @@ def build_processor(spec: Any, dataset: str, key: str, **extra: Any) -> Any:
     """``{type, params}`` -> a registered processor; ``extra`` fills params the spec leaves unset/null.
 
     An ``extra`` key the processor does not accept is dropped, so builders can
-    offer e.g. the training texts to any text processor; so are null params it
-    does not accept, so a YAML default like ``vocab_file: null`` survives a
-    switch of ``type``.
+    offer e.g. the training texts to any text processor (see
+    :func:`mmvl.config.components.bind_params`).
     """
-    spec = plain(spec) or {}
-    if not isinstance(spec, Mapping) or "type" not in spec:
-        raise UserError(f"{dataset}: processors.{key} must be {{type: <processor>, params: {{...}}}}, got {spec!r}.")
-    cls = PROCESSORS.get(str(spec["type"]))
-    params = dict(spec.get("params") or {})
-    accepted = _accepted(cls)
-    for name, value in extra.items():
-        if params.get(name) is None and (accepted is None or name in accepted):
-            params[name] = value() if callable(value) else value
-    if accepted is not None:
-        # a null param another processor type takes (vocab_file after switching to bert_tokenizer) is unset
-        params = {k: v for k, v in params.items() if k in accepted or v is not None}
-        unknown = sorted(set(params) - accepted)
-        if unknown:
-            raise UserError(f"{dataset}: processors.{key} ({spec['type']}) got unknown params {unknown}; "
-                            f"accepted: {sorted(accepted)}.")
-    return cls(**params)
-
-
-def _accepted(cls: Any) -> set[str] | None:
-    try:
-        sig = inspect.signature(cls)
-    except (TypeError, ValueError):
-        return None
-    if any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
-        return None
-    return {n for n, p in sig.parameters.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
-
-
-def accepts(cls_or_obj: Any, name: str) -> bool:
-    accepted = _accepted(cls_or_obj if isinstance(cls_or_obj, type) else type(cls_or_obj))
-    return accepted is None or name in accepted
+    return build_component(PROCESSORS, spec, where=f"dataset_config.{dataset}.processors.{key}", defaults=extra)
 
 
 # -- images ------------------------------------------------------------------------------------
@@ -314,6 +278,13 @@ class FileDatasetBuilder(DatasetBuilder):
                             f"dataset_config.{self.name}.splits.{split} or choose another run_type.")
         return dict(spec)
 
+    def split_file(self, split: str, key: str, what: str) -> Path:
+        """The file ``splits.<split>.<key>`` names (under the data folder); a UserError when unset."""
+        name = self.split_config(split).get(key)
+        if not name:
+            raise UserError(f"{self.name}: splits.{split}.{key} is not set; give {what}.")
+        return self.path(name)
+
     def source_files(self, split: str) -> list[Path]:  # pragma: no cover - abstract
         raise NotImplementedError
 
@@ -368,10 +339,10 @@ class FileDatasetBuilder(DatasetBuilder):
         return self._processors[key]
 
     def _cacheable(self, spec: Any) -> bool:
-        spec = plain(spec)
-        if not isinstance(spec, Mapping) or "type" not in spec or (spec.get("params") or {}).get("vocab_file"):
+        kind, params = component_spec(spec, "processor")
+        if params.get("vocab_file"):
             return False
-        cls = PROCESSORS.get(str(spec["type"]))
+        cls = PROCESSORS.get(kind)
         takes_fit = any(accepts(cls, name) for name in ("texts", "answers", "answer_counts"))
         return takes_fit and accepts(cls, "vocab_file") and callable(getattr(cls, "save", None))
 
@@ -415,6 +386,12 @@ class FileDatasetBuilder(DatasetBuilder):
         if spec:
             import mmvl.data.features  # noqa: F401  (registers the features processor)
         return self.processor("features", data_dir=self.data_dir)
+
+    def features_info(self) -> dict[str, int]:
+        """``feature_dim`` (the width of the served region features), for model configs leaving it null."""
+        features = self.features_processor
+        ids = features.ids() if features is not None else []
+        return {"feature_dim": int(features(ids[0])["features"].shape[-1])} if ids else {}
 
     def build(self, split: str) -> Dataset:
         if split not in self._datasets:

@@ -28,12 +28,12 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from mmvl.data.datasets._common import (FileDatasetBuilder, ImageLoading, accepts, int_id, require_fields,
-                                        stream_json)
+from mmvl.data.datasets._common import FileDatasetBuilder, ImageLoading, int_id, require_fields, stream_json
 from mmvl.data.records import Strings, Table
 from mmvl.data.processors import image as _image  # noqa: F401  (registers torchvision_transforms)
 from mmvl.data.processors import text as _text  # noqa: F401  (registers bert_tokenizer)
 from mmvl.data.processors import vocab as _vocab  # noqa: F401  (registers vocab)
+from mmvl.config.components import accepts
 from mmvl.errors import UserError
 from mmvl.registry import PROCESSORS, register_dataset
 
@@ -104,10 +104,7 @@ class COCOCaptionsBuilder(FileDatasetBuilder):
     config_path = "datasets/coco_captions.yaml"
 
     def source_files(self, split: str) -> list[Path]:
-        spec = self.split_config(split)
-        if not spec.get("annotations"):
-            raise UserError(f"coco_captions: splits.{split}.annotations is not set; give the captions JSON file.")
-        return [self.path(spec["annotations"])]
+        return [self.split_file(split, "annotations", "the captions JSON file")]
 
     def load_records(self, split: str) -> dict[str, Table]:
         path = self.source_files(split)[0]
@@ -170,7 +167,7 @@ class COCOCaptionsBuilder(FileDatasetBuilder):
                                    _SPLIT_SALT.get(split, 3), mask=mask)
 
     def model_info(self) -> dict[str, int]:
-        return {"vocab_size": int(self.text_processor.vocab_size), "num_labels": 2}
+        return {"vocab_size": int(self.text_processor.vocab_size), "num_labels": 2, **self.features_info()}
 
     def predictions(self, data: dict[str, Any], scores: Any) -> list[dict[str, Any]]:
         """``[{"id", "match_proba"}]``: the probability that the pair matches."""

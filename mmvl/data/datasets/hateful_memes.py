@@ -64,10 +64,7 @@ class HatefulMemesBuilder(FileDatasetBuilder):
     prediction_format = "csv"
 
     def source_files(self, split: str) -> list[Path]:
-        spec = self.split_config(split)
-        if not spec.get("annotations"):
-            raise UserError(f"hateful_memes: splits.{split}.annotations is not set; give the split's .jsonl file.")
-        return [self.path(spec["annotations"])]
+        return [self.split_file(split, "annotations", "the split's .jsonl file")]
 
     def load_records(self, split: str) -> Table:
         path = self.source_files(split)[0]
@@ -107,7 +104,7 @@ class HatefulMemesBuilder(FileDatasetBuilder):
                                    self.text_processor, self.image_processor, self.features_processor, self.policy)
 
     def model_info(self) -> dict[str, int]:
-        return {"vocab_size": int(self.text_processor.vocab_size), "num_labels": 2}
+        return {"vocab_size": int(self.text_processor.vocab_size), "num_labels": 2, **self.features_info()}
 
     def predictions(self, data: dict[str, Any], scores: Any) -> list[dict[str, Any]]:
         """The challenge's submission rows: ``id``, ``proba`` (hateful) and ``label`` (proba >= 0.5)."""

@@ -27,9 +27,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from torch.utils.data import Dataset
 
+from mmvl.config.access import config_value
+from mmvl.config.components import build_component, component_spec
 from mmvl.data.base import DatasetBuilder
 from mmvl.data.cache import Cache, default_root, fingerprint, load_table, make_key, save_table
 from mmvl.data.records import Table
@@ -53,6 +55,7 @@ TEMPLATES = [
 FAMILY_NAMES = ["non_relational", "relational"]
 GENERATOR_VERSION = 1
 SPLITS = ("train", "val", "test")
+_TEXT = "dataset_config.sort_of_clevr.processors.text_processor"
 
 
 def all_questions() -> list[str]:
@@ -254,18 +257,15 @@ class SortOfClevrBuilder(DatasetBuilder):
 
     # -- contract ------------------------------------------------------------------------------
     def _tokenizer_spec(self) -> tuple[str, dict[str, Any]]:
-        spec = (self.config.get("processors") or {}).get("text_processor") if self.config else None
-        spec = OmegaConf.to_container(spec, resolve=True) if isinstance(spec, DictConfig) else dict(spec or {})
-        return spec.get("type", "bert_tokenizer"), dict(spec.get("params") or {})
+        return component_spec(config_value(self.config, "processors.text_processor", "bert_tokenizer"), _TEXT)
 
     @property
     def text_processor(self):
         """The configured text processor; a null ``tokenizer_path`` means the generated word ``vocab.txt``."""
         if self._processor is None:
             kind, params = self._tokenizer_spec()
-            if params.get("tokenizer_path") is None:
-                params["tokenizer_path"] = str(self._require("vocab.txt"))
-            self._processor = PROCESSORS.get(kind)(**params)
+            self._processor = build_component(PROCESSORS, {"type": kind, "params": params}, where=_TEXT,
+                                              defaults={"tokenizer_path": lambda: str(self._require("vocab.txt"))})
         return self._processor
 
     def build(self, split: str) -> Dataset:

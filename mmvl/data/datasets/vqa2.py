@@ -25,8 +25,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from mmvl.data.datasets._common import (FileDatasetBuilder, ImageLoading, accepts, int_id, require_fields,
-                                        stream_json)
+from mmvl.config.components import accepts, component_spec
+from mmvl.data.datasets._common import FileDatasetBuilder, ImageLoading, int_id, require_fields, stream_json
 from mmvl.data.processors import answers as _answers  # noqa: F401  (registers vqa_answer)
 from mmvl.data.processors import image as _image  # noqa: F401  (registers torchvision_transforms)
 from mmvl.data.processors import text as _text  # noqa: F401  (registers bert_tokenizer)
@@ -102,11 +102,9 @@ class VQA2Builder(FileDatasetBuilder):
         self._answers: dict[str, Ragged] = {}
 
     def source_files(self, split: str) -> list[Path]:
-        spec = self.split_config(split)
-        if not spec.get("questions"):
-            raise UserError(f"vqa2: splits.{split}.questions is not set; give the questions JSON file.")
-        files = [self.path(spec["questions"])]
-        return files + [self.path(spec["annotations"])] if spec.get("annotations") else files
+        files = [self.split_file(split, "questions", "the questions JSON file")]
+        labelled = self.split_config(split).get("annotations")
+        return files + [self.split_file(split, "annotations", "the annotations JSON file")] if labelled else files
 
     def load_records(self, split: str) -> dict[str, Table]:
         files = self.source_files(split)
@@ -182,8 +180,8 @@ class VQA2Builder(FileDatasetBuilder):
 
         extra: dict[str, Any] = {}
         if not self.has_vocab_file("answer_processor"):
-            spec = (self.cfg.get("processors") or {}).get("answer_processor") or {}
-            cls = PROCESSORS.get(str(spec.get("type"))) if spec.get("type") else None
+            spec = (self.cfg.get("processors") or {}).get("answer_processor")
+            cls = PROCESSORS.get(component_spec(spec, "answer_processor")[0]) if spec else None
             counted = cls is not None and accepts(cls, "answer_counts")
             extra = {"answer_counts": counts} if counted else {"answers": lists}
         proc = self.processor("answer_processor", **extra)
@@ -226,7 +224,8 @@ class VQA2Builder(FileDatasetBuilder):
                            self.features_processor, self.policy, answers)
 
     def model_info(self) -> dict[str, int]:
-        return {"vocab_size": int(self.text_processor.vocab_size), "num_labels": self.answer_processor.num_answers}
+        return {"vocab_size": int(self.text_processor.vocab_size), "num_labels": self.answer_processor.num_answers,
+                **self.features_info()}
 
     def predictions(self, data: dict[str, Any], scores: Any) -> list[dict[str, Any]]:
         ids = data.get("id", [])

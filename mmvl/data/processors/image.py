@@ -23,6 +23,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
+from mmvl.config.components import component_spec
 from mmvl.errors import UserError, did_you_mean
 from mmvl.registry import register_processor
 
@@ -74,21 +75,12 @@ def _is_spec(value: Any) -> bool:
 
 
 def build_transform(spec: Any, where: str = "transforms") -> Any:
-    """One ``{type, params}`` (or a bare name) -> a transform instance."""
-    if isinstance(spec, str):
-        spec = {"type": spec}
-    if not isinstance(spec, Mapping) or "type" not in spec:
-        raise UserError(f"torchvision_transforms: {where} entry {spec!r} must be a name or {{type, params}}.")
-    unknown_keys = set(spec) - {"type", "params"}
-    if unknown_keys:
-        raise UserError(f"torchvision_transforms: {where} entry {dict(spec)} has unknown keys "
-                        f"{sorted(unknown_keys)}; use 'type' and 'params'.")
-    name = str(spec["type"])
+    """One ``{type, params}`` (or a bare name) of torchvision -> a transform instance."""
+    name, params = component_spec(spec, f"torchvision_transforms: {where} entry")
     names = transform_names()
     if name not in names:
         raise UserError(f"torchvision_transforms: unknown transform {name!r} in {where}.{did_you_mean(name, names)} "
                         "Names are classes of torchvision.transforms.v2.")
-    params = dict(spec.get("params") or {})
     for key, value in list(params.items()):
         if key == "dtype":
             params[key] = _dtype(value)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import os
+import re
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -33,14 +34,32 @@ def minilm_dir() -> Path:
     return Path(list(spec.submodule_search_locations)[0]) / "model"
 
 
-def resolve_path(path: str | os.PathLike, what: str) -> Path:
-    """Expand ``minilm`` and ``~``; raise :class:`UserError` naming ``what`` if it does not exist."""
+#: what a Hugging Face model name looks like (``bert-base-uncased``, ``google-bert/bert-base-uncased``)
+_HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+def resolve_path(path: str | os.PathLike, what: str, needs: str = "vocab.txt") -> Path:
+    """A local file or folder: ``minilm``, an existing path (``~`` expanded), or the name of a
+    Hugging Face model already in the local cache (``HF_HOME``; its folder holding ``needs``).
+
+    Nothing is downloaded: a name that is not cached is a :class:`UserError` naming ``what``.
+    """
     if str(path) == "minilm":
         return minilm_dir()
     resolved = Path(os.path.expanduser(str(path)))
-    if not resolved.exists():
-        raise UserError(f"{what}: {str(path)!r} does not exist; give an existing local path or 'minilm'.")
-    return resolved
+    if resolved.exists():
+        return resolved
+    if _HUB_NAME.match(str(path)):
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(str(path), needs)
+        if isinstance(cached, str):
+            return Path(cached).parent
+        raise UserError(f"{what}: {str(path)!r} is not a local path, and the Hugging Face model {str(path)!r} is "
+                        f"not in the local cache (no {needs}); mmvl never downloads: fetch it once with "
+                        f"`huggingface-cli download {path}`, or give a local folder or 'minilm'.")
+    raise UserError(f"{what}: {str(path)!r} does not exist; give an existing local path, a cached Hugging Face "
+                    "model name or 'minilm'.")
 
 
 def words_of(texts: Iterable[str]) -> list[str]:

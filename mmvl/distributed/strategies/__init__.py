@@ -12,6 +12,7 @@ from mmvl.distributed.init import config_value
 # importing each module registers its strategy
 from mmvl.distributed.strategies import ddp, dp, fsdp, single, zero_fairscale, zero_torch  # noqa: F401
 from mmvl.distributed.strategies.base import Strategy
+from mmvl.errors import UserError
 from mmvl.registry import STRATEGIES
 
 log = logging.getLogger(__name__)
@@ -22,12 +23,23 @@ __all__ = ["Strategy", "build_strategy", "resolve_strategy_name"]
 def resolve_strategy_name(config: Any, env: DistEnv) -> str:
     """``distributed.strategy`` with ``auto`` resolved: ddp for several processes,
     dp for one process seeing several GPUs with ``distributed.data_parallel``, else single.
-    MMF's ``optimizer.enable_state_sharding`` picks zero_fairscale under auto."""
+
+    MMF's ``optimizer.enable_state_sharding`` means what it meant there: the optimizer
+    state is split over the ranks (fairscale OSS with ShardedDDP). Under auto it picks
+    zero_fairscale for several processes; a named strategy that does not shard the
+    optimizer state contradicts it (a UserError, not a silent choice of one of the two).
+    """
     name = str(config_value(config, "distributed.strategy", "auto"))
+    sharding = bool(config_value(config, "optimizer.enable_state_sharding", False))
     if name != "auto":
+        if sharding and not getattr(STRATEGIES.get(name), "shards_optimizer_state", False):
+            shards = [n for n in STRATEGIES.names() if getattr(STRATEGIES.get(n), "shards_optimizer_state", False)]
+            raise UserError(f"optimizer.enable_state_sharding=true but distributed.strategy={name} keeps the "
+                            f"whole optimizer state on every rank; use distributed.strategy=auto or one of "
+                            f"{', '.join(shards)}, or drop optimizer.enable_state_sharding.")
         return name
     if env.world_size > 1:
-        return "zero_fairscale" if config_value(config, "optimizer.enable_state_sharding", False) else "ddp"
+        return "zero_fairscale" if sharding else "ddp"
     if (env.device.type == "cuda" and torch.cuda.device_count() > 1
             and config_value(config, "distributed.data_parallel", False)):
         return "dp"

@@ -25,6 +25,8 @@ class Strategy:
     needs_process_group = False
     #: applies activation checkpointing itself (the engine then skips ``model.enable_gradient_checkpointing``)
     handles_gradient_checkpointing = False
+    #: splits the optimizer state over ranks (what ``optimizer.enable_state_sharding`` asks for)
+    shards_optimizer_state = False
 
     def __init__(self, config: DictConfig, env: DistEnv):
         self.config = config

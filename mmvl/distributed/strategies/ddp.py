@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 from typing import Iterator
 
 import torch
@@ -12,20 +13,26 @@ from mmvl.distributed.strategies.base import Strategy
 from mmvl.registry import register_strategy
 
 
+#: DDP's switch for copying rank 0's buffers at every forward (renamed in recent torch)
+_BUFFER_SYNC = ("forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+                else "broadcast_buffers")
+
+
 def ddp_options(config) -> dict:
-    """DDP keyword arguments from ``distributed.*`` (``training.find_unused_parameters`` also read)."""
-    find_unused = config_value(config, "distributed.find_unused_parameters",
-                               config_value(config, "training.find_unused_parameters", False))
+    """DDP keyword arguments from ``distributed.*`` (MMF's ``training.find_unused_parameters`` is mapped
+    to ``distributed.find_unused_parameters`` when the config is loaded)."""
     return {
-        "find_unused_parameters": bool(find_unused),
+        "find_unused_parameters": bool(config_value(config, "distributed.find_unused_parameters", False)),
         "static_graph": bool(config_value(config, "distributed.static_graph", False)),
         "bucket_cap_mb": float(config_value(config, "distributed.bucket_cap_mb", 25)),
         "gradient_as_bucket_view": bool(config_value(config, "distributed.gradient_as_bucket_view", False)),
+        _BUFFER_SYNC: bool(config_value(config, "distributed.broadcast_buffers", True)),
     }
 
 
 def wrap_ddp(model: torch.nn.Module, config, env) -> DistributedDataParallel:
-    device_ids = [env.local_rank] if env.device.type == "cuda" else None
+    # the GPU init_distributed chose, which is not the local rank under SLURM --gpus-per-task
+    device_ids = [env.device.index] if env.device.type == "cuda" else None
     return DistributedDataParallel(model, device_ids=device_ids, **ddp_options(config))
 
 

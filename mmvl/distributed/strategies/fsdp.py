@@ -19,18 +19,11 @@ from mmvl.distributed.init import config_value
 from mmvl.distributed.strategies.base import Strategy
 from mmvl.errors import UserError
 from mmvl.registry import register_strategy
-
-_PRECISIONS = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "bf16-mixed": torch.bfloat16,
-               "fp16": torch.float16, "float16": torch.float16, "16": torch.float16,
-               "16-mixed": torch.float16, "fp32": None, "float32": None, "32": None, "tf32": None}
-
+from mmvl.utils.precision import compute_dtype
 
 def precision_dtype(config: Any) -> torch.dtype | None:
     """Low-precision compute dtype named by ``training.precision`` (``None`` for fp32)."""
-    name = str(config_value(config, "training.precision", "fp32")).lower()
-    if name not in _PRECISIONS:
-        raise UserError(f"training.precision={name!r} is not one of fp32, bf16, fp16.")
-    return _PRECISIONS[name]
+    return compute_dtype(config_value(config, "training.precision", "fp32"))
 
 
 def _state_options(full: bool):
@@ -77,6 +70,7 @@ class FSDPStrategy(Strategy):
     name = "fsdp"
     needs_process_group = True
     handles_gradient_checkpointing = True
+    shards_optimizer_state = True
 
     def wrap(self, model, optimizer):
         from torch.distributed.device_mesh import init_device_mesh

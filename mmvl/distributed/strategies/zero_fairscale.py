@@ -33,6 +33,7 @@ class ZeroFairscaleStrategy(Strategy):
 
     name = "zero_fairscale"
     needs_process_group = True
+    shards_optimizer_state = True
 
     def wrap(self, model, optimizer):
         if optimizer is None:

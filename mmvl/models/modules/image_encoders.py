@@ -13,7 +13,9 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from mmvl.config.components import build_component
 from mmvl.errors import UserError, did_you_mean
+from mmvl.registry import IMAGE_ENCODERS, register_image_encoder
 
 
 def add_coords(x: torch.Tensor) -> torch.Tensor:
@@ -49,6 +51,7 @@ class _Checkpointable(nn.Module):
         return x
 
 
+@register_image_encoder("patch")
 class PatchEncoder(_Checkpointable):
     """ViT-style patch embedding: one linear map per non-overlapping ``patch_size`` square."""
 
@@ -65,6 +68,7 @@ class PatchEncoder(_Checkpointable):
         return self.run_stages(add_coords(images) if self.coords else images)
 
 
+@register_image_encoder("cnn")
 class CNNEncoder(_Checkpointable):
     """A small conv stack (conv -> GroupNorm -> ReLU per layer) trained from pixels.
 
@@ -93,6 +97,7 @@ class CNNEncoder(_Checkpointable):
         return self.run_stages(add_coords(images) if self.coords else images)
 
 
+@register_image_encoder("resnet")
 class ResNetEncoder(_Checkpointable):
     """A torchvision ResNet trunk (no pooling/fc), random init or local weights.
 
@@ -141,18 +146,8 @@ class ResNetEncoder(_Checkpointable):
         return self.run_stages(images)
 
 
-IMAGE_ENCODERS: dict[str, type[nn.Module]] = {"patch": PatchEncoder, "cnn": CNNEncoder, "resnet": ResNetEncoder}
-
-
 def build_image_encoder(spec: Any) -> nn.Module:
-    """``{type: patch|cnn|resnet, params: {...}}`` -> an encoder with an ``out_dim`` attribute."""
-    spec = dict(spec or {})
-    kind = spec.get("type", "cnn")
-    if kind not in IMAGE_ENCODERS:
-        raise UserError(f"Unknown image_encoder type {kind!r}.{did_you_mean(str(kind), IMAGE_ENCODERS)} "
-                        f"Use one of: {', '.join(IMAGE_ENCODERS)}.")
-    params = dict(spec.get("params") or {})
-    try:
-        return IMAGE_ENCODERS[kind](**params)
-    except TypeError as exc:
-        raise UserError(f"image_encoder {kind!r}: bad params {sorted(params)}: {exc}") from None
+    """``{type: <registered image encoder>, params: {...}}`` (type defaults to cnn) -> an encoder with
+    an ``out_dim`` attribute."""
+    spec = {"type": "cnn", **dict(spec or {})}
+    return build_component(IMAGE_ENCODERS, spec, where="image_encoder")
