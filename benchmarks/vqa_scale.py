@@ -195,6 +195,14 @@ def _child(spec_path: str) -> None:
     def emit(name: str, **extra: Any) -> None:
         events.write(json.dumps({"event": name, "t": time.time(), **extra}) + "\n")
 
+    # start-up phases (see PHASES): each import here is one the run needs anyway, made early to be timed
+    emit("python")
+    import torch  # noqa: F401
+
+    emit("torch")
+    import transformers.models.bert.modeling_bert  # noqa: F401  (visual_bert's text encoder)
+
+    emit("transformers")
     from mmvl import registry
     from mmvl.config import load_config
     from mmvl.trainers import Trainer
@@ -210,7 +218,9 @@ def _child(spec_path: str) -> None:
                 emit("last_update", updates=t.update, samples=info["samples"])
 
     registry.CALLBACKS.register("vqa_scale_probe", lambda trainer, **_: Probe(trainer))
-    trainer = Trainer(load_config(spec["opts"]))
+    config = load_config(spec["opts"])
+    emit("config")
+    trainer = Trainer(config)
     emit("built")
     trainer.fit()
     emit("train_end", hwm_kb=_status(os.getpid()).get("VmHWM", 0))
@@ -329,11 +339,20 @@ def measure(args: argparse.Namespace, name: str, data_dir: Path, work: Path, cac
     return {"launch": t_launch, "events": events, "sampler": sampler, "console": console, "interval": args.interval}
 
 
+#: start-up phases, each ending at an event of the child: (event, what happened since the previous one)
+PHASES = (("python", "interpreter"), ("torch", "import torch"), ("transformers", "import transformers' BERT"),
+          ("config", "import mmvl, load_config"), ("built", "Trainer: data, model, optimizer, loader"),
+          ("first_update", "first update: workers start, first batch, forward/backward/step"))
+
+
 def summarise(run: dict[str, Any]) -> dict[str, Any]:
     ev, s = run["events"], run["sampler"]
     first, last, end = ev["first_update"], ev.get("last_update", ev["first_update"]), ev["train_end"]
     out: dict[str, Any] = {"startup_s": first["t"] - run["launch"], "startup_cpu_s": first.get("cpu_s", 0.0),
                            "main_peak_mb": end["hwm_kb"] / 1024}
+    if all(name in ev for name, _ in PHASES):
+        times = [run["launch"]] + [ev[name]["t"] for name, _ in PHASES]
+        out["phases"] = {what: b - a for (_, what), a, b in zip(PHASES, times, times[1:])}
     updates = last.get("updates", 1) - 1
     if updates > 0:
         out["samples_per_s"] = updates * last["samples"] / max(last["t"] - first["t"], 1e-9)
@@ -437,6 +456,10 @@ def report(args: argparse.Namespace, info: dict[str, Any], updates: int, train_b
     print(f"cached run: start-up {cached['startup_s']:.1f} s (main process CPU {cached['startup_cpu_s']:.1f} s), "
           f"main peak RSS {cached['main_peak_mb']:.0f} MB; "
           f"cached run: parsed {', '.join(cached['parsed']) or 'nothing'}")
+    for name, run in (("first", first), ("cached", cached)):
+        if "phases" in run:
+            print(f"{name + ' run':10s}: start-up phases (s): "
+                  + ", ".join(f"{what} {sec:.2f}" for what, sec in run["phases"].items()))
     if "eval_peak_mb" in cached:
         print(f"evaluation: {info['questions']['val']} samples in {cached['eval_s']:.1f} s "
               f"({cached['eval_samples_per_s']:.0f} samples/s), peak RSS {cached['eval_peak_mb']:.0f} MB; "
@@ -460,6 +483,8 @@ def compare(args: argparse.Namespace, baseline: dict[str, Any], first: dict[str,
     print(f"baseline  : {args.baseline_root}, {args.baseline_updates} updates: start-up {baseline['startup_s']:.1f} s "
           f"(main process CPU {baseline['startup_cpu_s']:.1f} s), main peak RSS {baseline['main_peak_mb']:.0f} MB, "
           f"worker private growth {growth:.1f} MB")
+    if "phases" in baseline:
+        print("baseline  : start-up phases (s): " + ", ".join(f"{w} {sec:.2f}" for w, sec in baseline["phases"].items()))
     print(f"vqa_scale_vs_baseline first_startup={first['startup_s'] / baseline['startup_s']:.2f} "
           f"first_startup_cpu={first['startup_cpu_s'] / max(baseline['startup_cpu_s'], 1e-9):.2f} "
           f"main_peak={first['main_peak_mb'] / baseline['main_peak_mb']:.2f}", flush=True)

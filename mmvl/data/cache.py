@@ -9,8 +9,11 @@ Layout: ``<root>/<dataset>/<name>-<key>/`` where ``root`` is ``env.cache_dir`` (
 (``train``, ``vocab``...). The ``key`` hashes :data:`VERSION`, the dataset, the name, the
 builder's settings for the entry (e.g. processor specs) and a :func:`fingerprint` of every
 source file: files up to :data:`SMALL_FILE` bytes by content (sha256), larger ones by their
-resolved path, size and modification time (hashing a 350 MB file would cost a good part of
-what the cache saves; tools that rewrite a file keep neither its size and mtime both).
+resolved path, size, modification time and a sha256 of :data:`SAMPLE_BLOCKS` blocks spread
+evenly over the file, the first and last included (about 1 MB read, milliseconds: hashing all of
+a 350 MB file would cost a good part of what the cache saves on every start). A rewritten large
+file is detected when its size or mtime changed (what editors, generators and downloads do) or,
+when both were kept (``cp -p``, ``rsync -t``), when any sampled block differs.
 
 An entry is built into a temporary folder beside it (every file fsynced, mode from the
 umask) and renamed into place, so a reader sees a whole entry or none, and two processes
@@ -45,8 +48,11 @@ T = TypeVar("T")
 
 #: bump when the parsed layout of any dataset changes: every old entry becomes stale
 VERSION = 1
-#: files up to this size are fingerprinted by content, larger ones by path, size and mtime
+#: files up to this size are fingerprinted by content, larger ones by path, size, mtime and sampled blocks
 SMALL_FILE = 1 << 20
+#: how many blocks of :data:`SAMPLE_BLOCK` bytes of a large file its fingerprint hashes
+SAMPLE_BLOCKS = 16
+SAMPLE_BLOCK = 64 << 10
 META = "meta.json"
 
 
@@ -54,8 +60,21 @@ class CacheCorrupt(Exception):
     """An entry that exists but cannot be used as it is."""
 
 
+def sampled_digest(path: Path, size: int) -> str:
+    """sha256 of :data:`SAMPLE_BLOCKS` blocks at evenly spaced offsets of a ``size``-byte file (first and last included)."""
+    h = hashlib.sha256()
+    last = max(0, size - SAMPLE_BLOCK)
+    offsets = sorted({round(i * last / (SAMPLE_BLOCKS - 1)) for i in range(SAMPLE_BLOCKS)})
+    with open(path, "rb") as f:
+        for offset in offsets:
+            f.seek(offset)
+            h.update(f.read(SAMPLE_BLOCK))
+    return h.hexdigest()
+
+
 def fingerprint(paths: Iterable[str | os.PathLike]) -> list[list[Any]]:
-    """One row per source file: ``[path, "sha256", digest]`` or ``[path, size, mtime_ns]``; missing files too."""
+    """One row per source file: ``[path, "sha256", digest]`` (small files) or ``[path, size, mtime_ns,
+    sampled digest]`` (large ones, folders: no digest); missing files too."""
     rows: list[list[Any]] = []
     for p in paths:
         path = Path(os.path.realpath(os.path.expanduser(str(p))))
@@ -66,6 +85,8 @@ def fingerprint(paths: Iterable[str | os.PathLike]) -> list[list[Any]]:
             continue
         if st.st_size <= SMALL_FILE and path.is_file():
             rows.append([str(path), "sha256", hashlib.sha256(path.read_bytes()).hexdigest()])
+        elif path.is_file():
+            rows.append([str(path), st.st_size, st.st_mtime_ns, sampled_digest(path, st.st_size)])
         else:
             rows.append([str(path), st.st_size, st.st_mtime_ns])
     return rows

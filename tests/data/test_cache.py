@@ -72,18 +72,49 @@ def test_changed_source_is_stale_and_rebuilt(tmp_path, source, caplog):
     assert len(os.listdir(tmp_path / "cache" / "toy")) == 1  # the stale entry is gone
 
 
-def test_fingerprint_small_files_by_content_large_by_size_and_mtime(tmp_path, monkeypatch):
-    small, large = tmp_path / "small.json", tmp_path / "large.json"
+def _rewrite(path, data: bytes, keep_mtime: bool = True) -> None:
+    """Write ``data`` into ``path``; with ``keep_mtime`` restore its modification time (as ``cp -p`` does)."""
+    st = path.stat()
+    path.write_bytes(data)
+    if keep_mtime:
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def test_fingerprint_small_files_by_content(tmp_path, monkeypatch):
+    small = tmp_path / "small.json"
     small.write_text("x" * 10)
-    large.write_text("y" * 100)
     monkeypatch.setattr(cache_mod, "SMALL_FILE", 50)
-    before = fingerprint([small, large])
-    assert before[0][1] == "sha256" and before[1][1:] == [100, large.stat().st_mtime_ns]
-    st = small.stat()
-    small.write_text("z" * 10)  # same size; same mtime restored: only the content changed
-    os.utime(small, ns=(st.st_atime_ns, st.st_mtime_ns))
-    assert fingerprint([small])[0] != before[0]
+    before = fingerprint([small])[0]
+    assert before[1] == "sha256"
+    _rewrite(small, b"z" * 10)  # same size, same mtime: only the content changed
+    assert fingerprint([small])[0] != before
     assert fingerprint([tmp_path / "missing"])[0][1] == "missing"
+
+
+def test_fingerprint_of_a_large_file_detects_changes(tmp_path, monkeypatch):
+    """Large files are not read in full, yet a change of size, of mtime, or of a sampled block
+    (here the first, the last and one in the middle) with size and mtime kept, is a new fingerprint."""
+    monkeypatch.setattr(cache_mod, "SMALL_FILE", 1000)
+    monkeypatch.setattr(cache_mod, "SAMPLE_BLOCK", 100)
+    monkeypatch.setattr(cache_mod, "SAMPLE_BLOCKS", 5)  # blocks at 0, 1225, 2450, 3675, 4900 of 5000 bytes
+    large = tmp_path / "large.json"
+    data = bytes(range(256)) * 19 + bytes(136)  # 5000 bytes
+    large.write_bytes(data)
+    before = fingerprint([large])[0]
+    assert before[1:3] == [5000, large.stat().st_mtime_ns] and len(before) == 4
+    assert fingerprint([large])[0] == before  # stable
+    seen = {tuple(before)}
+    for offset in (0, 2450 + 50, 4999):  # inside a sampled block, size and mtime kept
+        changed = bytearray(data)
+        changed[offset] ^= 0xFF
+        _rewrite(large, bytes(changed))
+        seen.add(tuple(fingerprint([large])[0]))
+    _rewrite(large, data + b"x")  # another size
+    seen.add(tuple(fingerprint([large])[0]))
+    _rewrite(large, data, keep_mtime=False)  # the same bytes, a new mtime
+    os.utime(large, ns=(before[2] + 10**9, before[2] + 10**9))
+    seen.add(tuple(fingerprint([large])[0]))
+    assert len(seen) == 6
 
 
 @pytest.mark.parametrize("damage", ["truncate_array", "drop_meta", "garble_schema"])
