@@ -13,6 +13,7 @@ from mmvl import models  # noqa: E402,F401
 from mmvl import trainers  # noqa: E402,F401
 from mmvl.engine import Engine  # noqa: E402
 from mmvl.trainers import Trainer  # noqa: E402
+from mmvl.config import load_config  # noqa: E402
 
 __version__ = "0.1.0"
-__all__ = ["Engine", "Trainer", "UserError", "registry", "__version__"]
+__all__ = ["Engine", "Trainer", "UserError", "load_config", "registry", "__version__"]

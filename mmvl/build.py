@@ -22,8 +22,19 @@ def dataset_names(config: DictConfig) -> list[str]:
     return names
 
 
+def model_name(config: DictConfig) -> str:
+    """The chosen model; a run without ``model=`` is a UserError (not a failed registry look-up)."""
+    name = config.get("model")
+    if not name:
+        known = ", ".join(registry.MODELS.names()) or "none registered"
+        raise UserError(f"No model chosen; set model=<name> ({known}; see `mmvl_run --list model`).")
+    return str(name)
+
+
 def build_datasets(config: DictConfig) -> dict[str, DatasetBuilder]:
-    """One builder per chosen dataset (not yet prepared)."""
+    """One builder per chosen dataset (not yet prepared); checks first that a model was chosen,
+    so a run without one stops before any data is prepared."""
+    model_name(config)
     builders = {}
     for name in dataset_names(config):
         cls = registry.DATASETS.get(name)
@@ -35,7 +46,7 @@ def build_datasets(config: DictConfig) -> dict[str, DatasetBuilder]:
 
 def model_config(config: DictConfig, builders: dict[str, DatasetBuilder]) -> DictConfig:
     """``model_config.<model>`` with null ``vocab_size``/``num_labels`` filled from the data."""
-    name = config.model
+    name = model_name(config)
     mcfg = OmegaConf.create(plain_dict(config_value(config, f"model_config.{name}")))
     for builder in builders.values():
         info: dict[str, Any] = getattr(builder, "model_info", lambda: {})()
@@ -49,7 +60,7 @@ def build_model(config: DictConfig, builders: dict[str, DatasetBuilder],
                 checkpointing: bool = True):
     """The registered model; ``checkpointing=False`` leaves activation checkpointing to the
     strategy (FSDP applies it per shard unit)."""
-    cls = registry.MODELS.get(config.model)
+    cls = registry.MODELS.get(model_name(config))
     model = cls(model_config(config, builders))
     if checkpointing and config.training.get("gradient_checkpointing"):
         model.enable_gradient_checkpointing()

@@ -19,8 +19,12 @@ added :data:`SHARDED_MARKER` (listing each file and its size);
 :func:`check_sharded_complete` refuses any other directory, and
 :meth:`CheckpointManager.latest_sharded` skips it. A trainer's sharded
 checkpoint also holds :data:`SHARDED_STATE` (everything but model and
-optimizer, written by rank 0 before the marker). :meth:`CheckpointManager.find_latest`
-picks the newest complete checkpoint of either form.
+optimizer, written by rank 0 before the marker). :func:`save_sharded` and
+:func:`load_sharded` own that layout; a strategy only writes and reads its parts
+of the state dicts. :meth:`CheckpointManager.find_latest` picks the newest complete
+checkpoint of either form, :meth:`CheckpointManager.choose_resume` the one a run
+resumes from. Files are created with the permissions ``open()`` gives under the
+umask (temp files from ``mkstemp`` would stay 0600).
 """
 from __future__ import annotations
 
@@ -29,11 +33,12 @@ import json
 import logging
 import os
 import re
+import secrets
 import shutil
-import tempfile
+import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import IO, Any, Iterable, Iterator
+from typing import IO, Any, Callable, Iterable, Iterator
 
 import torch
 
@@ -62,9 +67,30 @@ def fsync_dir(directory: Path) -> None:
 
 
 def _temp_path(path: Path) -> Path:
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    return Path(name)
+    """A new empty file ``.<name>.<random>.tmp`` beside ``path``, created with mode 0666 minus the
+    umask (as a plain ``open()`` would; ``tempfile.mkstemp`` would make it 0600 for good)."""
+    for _ in range(100):
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+        try:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        except FileExistsError:
+            continue
+        return tmp
+    raise FileExistsError(f"no free temporary name beside {path}")
+
+
+def make_temp_dir(parent: str | os.PathLike, prefix: str = ".tmp-") -> Path:
+    """A new empty folder under ``parent`` (mode 0777 minus the umask, unlike ``tempfile.mkdtemp``'s
+    0700): build a result there, then rename it into place."""
+    parent = Path(parent)
+    for _ in range(100):
+        path = parent / f"{prefix}{secrets.token_hex(6)}"
+        try:
+            os.mkdir(path, 0o777)
+        except FileExistsError:
+            continue
+        return path
+    raise FileExistsError(f"no free temporary folder name in {parent}")
 
 
 def atomic_save(obj: Mapping[str, Any], path: str | os.PathLike) -> Path:
@@ -74,12 +100,13 @@ def atomic_save(obj: Mapping[str, Any], path: str | os.PathLike) -> Path:
     return atomic_write(path, "wb", lambda f: torch.save(obj, f))
 
 
-def atomic_write(path: str | os.PathLike, mode: str, write: Any) -> Path:
+def atomic_write(path: str | os.PathLike, mode: str, write: Callable[[Any], Any]) -> Path:
     """``write(f)`` into a temp file beside ``path``, fsync, rename over ``path``, fsync the folder.
 
     The one atomic writer: checkpoints, markers, ``config.yaml`` and predictions all
     go through it, so a crash leaves either the old file or the new one, never half.
-    ``mode`` is ``"wb"`` or ``"w"`` (text is UTF-8).
+    ``mode`` is ``"wb"`` or ``"w"`` (text is UTF-8). The file gets the permissions a plain
+    ``open(path, "w")`` would (0666 minus the umask).
     """
     with atomic_open(path, mode) as f:
         write(f)
@@ -143,6 +170,10 @@ def safe_load(path: str | os.PathLike, map_location: Any = "cpu",
     if not path.is_file():
         raise UserError(f"checkpoint {str(path)!r} does not exist; check the path "
                         "(checkpoint.resume_file / the run's save_dir).")
+    not_torch = _not_a_torch_file(path)
+    if not_torch:
+        raise UserError(f"checkpoint {str(path)!r} is {not_torch}, not a checkpoint written by torch.save; "
+                        "point checkpoint.resume_file at a .ckpt file (e.g. <save_dir>/checkpoints/last.ckpt).")
     try:
         try:
             obj = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
@@ -170,6 +201,32 @@ def safe_load(path: str | os.PathLike, map_location: Any = "cpu",
         raise UserError(f"checkpoint {str(path)!r} is not an mmvl checkpoint: it lacks {missing} "
                         f"(has {sorted(map(str, obj))[:8]}).")
     return obj
+
+
+_ZIP_MAGIC = b"PK\x03\x04"  # torch.save's format since 1.6
+_PICKLE_PROTO = 0x80  # the legacy format starts with a pickle protocol opcode
+
+
+def _not_a_torch_file(path: Path) -> str | None:
+    """What ``path`` is when its first bytes show it cannot be a ``torch.save`` file (else None).
+
+    Without this, unpickling a text file fails on whatever opcode its first letter happens to
+    be, and the message blames pickled objects or corruption.
+    """
+    with open(path, "rb") as f:
+        head = f.read(512)
+    if not head:
+        return "an empty file"
+    if head.startswith(_ZIP_MAGIC) or head[0] == _PICKLE_PROTO:
+        return None
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError as e:  # a multi-byte character cut at 512 bytes is still text
+        text = head[:e.start].decode("utf-8") if e.start > len(head) - 4 else ""
+    if text and all(c.isprintable() or c in "\t\r\n\f" for c in text):
+        first = text.strip().splitlines()[0][:40] if text.strip() else ""
+        return f"a text file (it starts with {first!r})"
+    return f"a file of another format (it starts with bytes {head[:8].hex(' ')})"
 
 
 class CheckpointManager:
@@ -258,7 +315,8 @@ class CheckpointManager:
 
     def prune_sharded(self) -> list[Path]:
         """Keep the newest ``max_to_keep`` complete sharded directories; remove older ones and
-        incomplete leftovers of crashed saves. Call right after a save, on rank 0 only."""
+        incomplete leftovers of crashed saves. Rank 0 only, right after a save; best effort: a
+        directory that cannot be removed is only reported."""
         if self.max_to_keep <= 0:
             return []
         paths = self.sharded_paths()
@@ -266,9 +324,54 @@ class CheckpointManager:
         keep = set(complete[-self.max_to_keep:])
         removed = [p for p in paths if p not in keep]
         for path in removed:
-            (path / SHARDED_MARKER).unlink(missing_ok=True)  # incomplete first, then gone
-            shutil.rmtree(path, ignore_errors=True)
+            try:
+                (path / SHARDED_MARKER).unlink(missing_ok=True)  # incomplete first, then gone
+                shutil.rmtree(path)
+                log.info("removed sharded checkpoint %s (checkpoint.max_to_keep=%d)", path, self.max_to_keep)
+            except OSError as e:
+                log.warning("could not prune sharded checkpoint %s: %s", path, e)
         return removed
+
+    def move_aside(self) -> Path | None:
+        """Start over without losing anything: move ``checkpoints/`` and ``metrics.jsonl`` into
+        ``<save_dir>/previous/<date-time>/``. Returns that folder (None when there was nothing)."""
+        save_dir = self.dir.parent
+        moving = [p for p in (self.dir, save_dir / "metrics.jsonl")
+                  if p.is_file() or (p.is_dir() and any(p.iterdir()))]
+        if not moving:
+            return None
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        target = save_dir / "previous" / stamp
+        suffix = 1
+        while target.exists():
+            suffix += 1
+            target = save_dir / "previous" / f"{stamp}-{suffix}"
+        target.mkdir(parents=True)
+        for path in moving:
+            os.rename(path, target / path.name)
+        fsync_dir(save_dir)
+        return target
+
+    def choose_resume(self, resume: Any, resume_file: str | None = None, resume_best: bool = False,
+                      pretrained: bool = False, can_load_sharded: bool = True) -> Path | None:
+        """The checkpoint a run resumes from in full, or None to start fresh (rank 0 decides).
+
+        ``resume`` is ``checkpoint.resume`` (true | false | auto). An explicit ``resume_file``
+        wins, unless it only provides pretrained weights (``pretrained``): then the run's own
+        checkpoints are resumed when there are any, so a restarted fine-tuning run continues
+        instead of starting over. ``resume=true`` with nothing to resume is a UserError.
+        """
+        if resume_file and not pretrained:
+            return Path(resume_file)
+        mode = str(resume).lower()
+        if mode not in ("true", "auto"):
+            return None
+        found = self.find_latest(best=resume_best, sharded=can_load_sharded)
+        if found is None and mode == "true" and not pretrained:
+            raise UserError(
+                f"checkpoint.resume=true but there is no checkpoint in {self.dir}; run without "
+                "checkpoint.resume, or point checkpoint.resume_file at a checkpoint.")
+        return found
 
     def find_latest(self, best: bool = False, sharded: bool = True) -> Path | None:
         """The newest complete checkpoint, a full file or a sharded directory (rank 0 decides).
@@ -280,24 +383,12 @@ class CheckpointManager:
         with a warning. None when there is no checkpoint at all; UserError when there
         are some but none is usable, or when the newest is sharded and ``sharded`` is False.
         """
-        if best and not self.best_path.is_file():
-            log.warning("checkpoint.resume_best is set but %s does not exist; resuming from the latest.",
-                        self.best_path)
-        candidates = ([self.best_path] if best else []) + [self.last_path] + self.periodic_paths()[::-1]
-        problems, full = [], None
-        for path in candidates:
-            if not path.is_file():
-                continue
-            try:
-                state = safe_load(path, mmap=True)
-            except UserError as e:
-                log.warning("skipping unusable checkpoint: %s", e)
-                problems.append(str(e))
-                continue
-            if path == self.best_path:
-                return path
-            full = (int((state.get("trainer") or {}).get("update", -1)), path)
-            break
+        problems: list[str] = []
+        found_full = self._first_loadable(best, problems, mmap=True)
+        if found_full is not None and found_full[1] == self.best_path:
+            return self.best_path
+        full = None if found_full is None else \
+            (int((found_full[0].get("trainer") or {}).get("update", -1)), found_full[1])
         found = self.latest_sharded(require=SHARDED_STATE)
         if found is not None:
             update = int(_SHARDED.match(found.name).group(1))
@@ -310,10 +401,8 @@ class CheckpointManager:
                 return found
         if full is not None:
             return full[1]
-        if not problems:
-            return None
-        raise UserError(f"no loadable checkpoint in {str(self.dir)!r}; delete or repair the files listed. "
-                        f"Problems: {' | '.join(problems)}")
+        self._raise_if_unusable(problems)
+        return None
 
     def _prune(self) -> None:
         if self.max_to_keep <= 0:
@@ -328,46 +417,32 @@ class CheckpointManager:
         None when the directory holds no checkpoint at all; raises UserError when
         there are checkpoints but none loads (never silently start over).
         """
-        candidates = ([self.best_path] if best else []) + [self.last_path] + self.periodic_paths()[::-1]
+        problems: list[str] = []
+        found = self._first_loadable(best, problems, map_location=map_location)
+        if found is None:
+            self._raise_if_unusable(problems)
+        return found
+
+    def _first_loadable(self, best: bool, problems: list[str], **load: Any) -> tuple[dict[str, Any], Path] | None:
+        """(state, path) of the first full file that loads: best (if asked), last, periodic newest first."""
         if best and not self.best_path.is_file():
             log.warning("checkpoint.resume_best is set but %s does not exist; resuming from the latest.",
                         self.best_path)
-        problems = []
+        candidates = ([self.best_path] if best else []) + [self.last_path] + self.periodic_paths()[::-1]
         for path in candidates:
             if not path.is_file():
                 continue
             try:
-                return safe_load(path, map_location), path
+                return safe_load(path, **load), path
             except UserError as e:
                 log.warning("skipping unusable checkpoint: %s", e)
                 problems.append(str(e))
-        if not problems:
-            return None
-        raise UserError(f"no loadable checkpoint in {str(self.dir)!r}; delete or repair the files listed. "
-                        f"Problems: {' | '.join(problems)}")
+        return None
 
-    def find_resume(self, resume_file: str | os.PathLike | None = None, resume_best: bool = False) -> Path | None:
-        """The checkpoint a run should resume from, or None to start fresh.
-
-        An explicit ``resume_file`` must exist. ``resume_best`` picks
-        ``best.ckpt`` (falling back to the latest, with a warning, when there is
-        none yet). Otherwise ``last.ckpt``, else the newest periodic file. Load a
-        ``last_path`` result with :meth:`load_latest` to get corrupt-file fallback.
-        """
-        if resume_file:
-            path = Path(resume_file)
-            if not path.is_file():
-                raise UserError(f"checkpoint.resume_file={str(path)!r} does not exist; fix the path or unset it.")
-            return path
-        if resume_best:
-            if self.best_path.is_file():
-                return self.best_path
-            log.warning("checkpoint.resume_best is set but %s does not exist; resuming from the latest.",
-                        self.best_path)
-        if self.last_path.is_file():
-            return self.last_path
-        periodic = self.periodic_paths()
-        return periodic[-1] if periodic else None
+    def _raise_if_unusable(self, problems: list[str]) -> None:
+        if problems:  # checkpoints exist but none loads: never silently start over
+            raise UserError(f"no loadable checkpoint in {str(self.dir)!r}; delete or repair the files listed. "
+                            f"Problems: {' | '.join(problems)}")
 
 
 def mark_sharded_complete(directory: str | os.PathLike, **info: Any) -> Path:
@@ -405,6 +480,45 @@ def check_sharded_complete(directory: str | os.PathLike) -> None:
                         "resume from an earlier checkpoint.")
 
 
+def save_sharded(directory: str | os.PathLike, strategy: Any, model: torch.nn.Module,
+                 optimizer: torch.optim.Optimizer | None, extra: Mapping[str, Any] | None = None) -> Path:
+    """Write one sharded checkpoint; every rank calls this (it is a collective).
+
+    Rank 0 first removes the marker (a directory being re-saved is incomplete until the end);
+    every rank writes its part of model and optimizer through ``strategy.save_sharded_state``;
+    once all parts are on disk rank 0 writes ``extra`` (the rest of the checkpoint) as
+    :data:`SHARDED_STATE`, then the marker. A run killed anywhere in between leaves a directory
+    without the marker, which :func:`load_sharded` refuses and ``latest_sharded`` skips. A
+    failure on rank 0 is raised on every rank, so no rank waits for it.
+    """
+    from mmvl.distributed import comm
+
+    directory = Path(directory)
+
+    def prepare() -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / SHARDED_MARKER).unlink(missing_ok=True)
+
+    def finish() -> None:
+        if extra is not None:
+            atomic_save(extra, directory / SHARDED_STATE)
+        mark_sharded_complete(directory, world_size=comm.get_world_size())
+
+    comm.on_main_agreed(prepare, f"prepare {directory}")
+    strategy.save_sharded_state(model, optimizer, str(directory))
+    comm.synchronize()  # every rank's part is on disk
+    comm.on_main_agreed(finish, f"complete {directory}")
+    return directory
+
+
+def load_sharded(directory: str | os.PathLike, strategy: Any, model: torch.nn.Module,
+                 optimizer: torch.optim.Optimizer | None) -> None:
+    """Load model (and optimizer, unless None) from a complete sharded checkpoint; every rank
+    calls this. The strategy reads the parts it needs (re-sharded to this world size)."""
+    check_sharded_complete(directory)
+    strategy.load_sharded_state(model, optimizer, str(directory))
+
+
 def apply_state_mapping(state: Mapping[str, Any], mapping: Mapping[str, str] | None) -> dict[str, Any]:
     """Rename checkpoint keys by prefix (``checkpoint.pretrained_state_mapping``).
 
@@ -416,7 +530,7 @@ def apply_state_mapping(state: Mapping[str, Any], mapping: Mapping[str, str] | N
         return dict(state)
     out: dict[str, Any] = {}
     for key, value in state.items():
-        canonical = _canonical(key)
+        canonical = canonical_key(key)
         for src, dst in mapping.items():
             src, dst = str(src).rstrip("."), str(dst or "").rstrip(".")
             if not src or canonical == src or canonical.startswith(src + "."):
@@ -426,7 +540,8 @@ def apply_state_mapping(state: Mapping[str, Any], mapping: Mapping[str, str] | N
     return out
 
 
-def _canonical(key: str) -> str:
+def canonical_key(key: str) -> str:
+    """``key`` without the ``module.`` / ``_orig_mod.`` prefixes that DDP and torch.compile add."""
     changed = True
     while changed:
         changed = False
@@ -446,8 +561,8 @@ def load_model_state(model: torch.nn.Module, state: Mapping[str, Any], strict: b
     if isinstance(state.get("model"), Mapping):
         state = state["model"]
     model_state = model.state_dict()
-    by_canonical = {_canonical(k): k for k in model_state}
-    mapped = {by_canonical.get(_canonical(k), k): v for k, v in state.items()}
+    by_canonical = {canonical_key(k): k for k in model_state}
+    mapped = {by_canonical.get(canonical_key(k), k): v for k, v in state.items()}
     mismatched = [
         f"key {k!r}: checkpoint {tuple(v.shape)} vs model {tuple(model_state[k].shape)}"
         for k, v in mapped.items()

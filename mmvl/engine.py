@@ -19,6 +19,12 @@ when none exists yet, and puts each process on its own GPU
 (``torch.cuda.set_device``). On CUDA the prepared loader copies the next batch
 on a side stream while the current one computes (``prefetch``).
 
+With ``training.compile: true`` in its config, ``prepare`` compiles the model
+(:func:`compile_model`) before the strategy wraps it. Nothing here reads a value
+back from the device on a normal update: under fp16 whether the scaler skipped
+an update stays a device flag (``optimizer.skipped``), and a prepared LR
+scheduler takes back the steps of skipped updates when it ``settle()``-s.
+
 The Trainer is built on the same object, so both paths share one
 implementation of precision, accumulation and strategy handling.
 """
@@ -26,6 +32,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import warnings
 from typing import Any, Iterator
 
 import torch
@@ -42,14 +49,18 @@ from mmvl.utils.precision import compute_dtype
 class PreparedOptimizer:
     """Wraps an optimizer so ``step``/``zero_grad`` act only at accumulation boundaries.
 
-    Under fp16 the step goes through the grad scaler. Everything else is
-    forwarded to the wrapped optimizer.
+    Under fp16 the step goes through the grad scaler, which skips updates whose
+    gradients are not finite. Whether it did is left on the device (``skipped``, a
+    bool tensor) instead of being read on every update; ``step_was_skipped`` reads
+    it (and so waits for the device). Everything else is forwarded to the wrapped
+    optimizer.
     """
 
     def __init__(self, engine: "Engine", optimizer: torch.optim.Optimizer):
         self.engine = engine
         self.optimizer = optimizer
-        self.step_was_skipped = False
+        #: fp16: True (on the device) when the scaler skipped the last update; None otherwise
+        self.skipped: torch.Tensor | None = None
 
     def step(self, closure: Any = None) -> None:
         if not self.engine.sync_gradients:
@@ -57,15 +68,20 @@ class PreparedOptimizer:
         scaler = self.engine.scaler
         if scaler is None:
             self.optimizer.step(closure)
-            self.step_was_skipped = False
             return
         if not self.engine._unscaled:
             scaler.unscale_(self.optimizer)
-        scale = scaler.get_scale()
+        before = _scale_of(scaler).clone()
         scaler.step(self.optimizer)
         scaler.update()
-        self.step_was_skipped = scaler.get_scale() < scale
+        # the scaler backs off (lowers its scale) exactly when it skipped the update
+        self.skipped = _scale_of(scaler) < before
         self.engine._unscaled = False
+
+    @property
+    def step_was_skipped(self) -> bool:
+        """Whether the fp16 scaler skipped the last update (waits for the device)."""
+        return self.skipped is not None and bool(self.skipped)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self.engine.sync_gradients:
@@ -85,16 +101,61 @@ class PreparedOptimizer:
         return getattr(self.optimizer, name)
 
 
+def _scale_of(scaler: Any) -> torch.Tensor:
+    """The scaler's current scale as a tensor on its device (no host read)."""
+    scale = getattr(scaler, "_scale", None)  # torch's GradScaler keeps it there, updated in place
+    return scale if isinstance(scale, torch.Tensor) else torch.tensor(float(scaler.get_scale()))
+
+
 class PreparedScheduler:
-    """Steps the LR schedule once per optimizer update, never per micro-step or per rank."""
+    """Steps the LR schedule once per optimizer update, never per micro-step, and not for
+    updates the fp16 scaler skipped.
+
+    Which updates were skipped is known on the device only. Instead of waiting for it on
+    every update, a closed-form schedule (``LambdaLR``: all of mmvl's) steps at once and is
+    moved back by the number of skipped updates when :meth:`settle` reads that count (the
+    Trainer does at every log interval, and ``state_dict`` does before a checkpoint). In
+    between, the lr may be ahead by the few updates skipped there. Other schedulers read the
+    flag on every update (exact, but a wait on the device).
+    """
 
     def __init__(self, engine: "Engine", scheduler: Any):
         self.engine = engine
         self.scheduler = scheduler
+        self._skipped: torch.Tensor | None = None  # skipped updates not yet taken back (device)
 
     def step(self) -> None:
-        if self.engine.sync_gradients:
+        if not self.engine.sync_gradients:
+            return
+        optimizer = self.engine._prepared.get("optimizer")
+        skipped = getattr(optimizer, "skipped", None)
+        if skipped is None:
             self.scheduler.step()
+        elif not isinstance(self.scheduler, torch.optim.lr_scheduler.LambdaLR):
+            if not bool(skipped):
+                self.scheduler.step()
+        else:
+            with warnings.catch_warnings():  # torch warns when the scaler skipped the optimizer's step
+                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)` before")
+                self.scheduler.step()
+            self._skipped = skipped.int() if self._skipped is None else self._skipped + skipped
+
+    def settle(self) -> None:
+        """Take back the steps taken for skipped fp16 updates (reads one number from the device)."""
+        if self._skipped is None:
+            return
+        behind, self._skipped = int(self._skipped.item()), None
+        if behind:
+            self.scheduler.last_epoch -= behind + 1
+            self.scheduler.step()  # recomputes every group's lr at the corrected position
+
+    def state_dict(self) -> dict[str, Any]:
+        self.settle()
+        return self.scheduler.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._skipped = None
+        self.scheduler.load_state_dict(state)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.scheduler, name)
@@ -129,6 +190,11 @@ class Engine:
             config, self.env, strategy)
         self.scaler = self.strategy.make_grad_scaler(self.precision == "fp16")
         self.prefetch = bool(training.get("prefetch", True) if prefetch is None else prefetch)
+        self.compile = bool(training.get("compile", False))
+        self.compile_backend = str(training.get("compile_backend") or "inductor")
+        if self.compile and self.strategy.name == "dp":
+            raise UserError("training.compile=true does not work with distributed.strategy=dp (its replicas "
+                            "would share one compiled forward); use ddp (torchrun) or training.compile=false.")
         self.sync_gradients = True
         self._micro_step = 0
         self._unscaled = False
@@ -158,7 +224,10 @@ class Engine:
         optimizer = next((o for o in objs if isinstance(o, torch.optim.Optimizer)), None)
         wrapped_model, new_opt = None, None
         if model is not None:
-            wrapped_model, new_opt = self.strategy.wrap(model.to(self.device), optimizer)
+            model = model.to(self.device)
+            if self.compile:
+                compile_model(model, self.compile_backend, per_unit=self.strategy.name != "single")
+            wrapped_model, new_opt = self.strategy.wrap(model, optimizer)
             self._prepared["model"] = wrapped_model
         out = []
         for o in objs:
@@ -230,6 +299,8 @@ class Engine:
         return self.strategy.clip_grad_norm_(model, inner, float(max_norm))
 
     def to_device(self, batch: Any) -> Any:
+        if self.device.type == "cpu":  # batches come from host memory: nothing to move (or walk through)
+            return batch
         return to_device(batch, self.device)
 
     # -- collectives ------------------------------------------------------------
@@ -259,6 +330,8 @@ class Engine:
 
         ``sharded``: without model and optimizer (they go through :meth:`save_sharded`).
         """
+        if isinstance(scheduler, PreparedScheduler):
+            scheduler.settle()
         inner, sched = _inner(optimizer), _inner(scheduler)
         state: dict[str, Any] = {} if sharded else {"model": self.strategy.model_state_dict(model)}
         if inner is not None and not sharded:
@@ -286,14 +359,19 @@ class Engine:
     def save_sharded(self, directory: str, model: torch.nn.Module, optimizer: Any = None,
                      extra: dict[str, Any] | None = None) -> None:
         """Every rank writes its part of model+optimizer; rank 0 adds ``extra``, then the marker."""
-        self.strategy.save_sharded_state(model, _inner(optimizer), directory, extra=extra)
+        from mmvl.checkpoint import save_sharded
+
+        save_sharded(directory, self.strategy, model, _inner(optimizer), extra=extra)
 
     def can_load_sharded(self, optimizer: Any = None) -> bool:
         return self.strategy.can_load_sharded(_inner(optimizer))
 
     def load_sharded(self, directory: str, model: torch.nn.Module, optimizer: Any = None) -> None:
-        """Every rank reads model+optimizer from a sharded directory (re-sharded to this world size)."""
-        self.strategy.load_sharded_state(model, _inner(optimizer), directory)
+        """Every rank reads model (+optimizer unless None) from a complete sharded directory
+        (re-sharded to this world size)."""
+        from mmvl.checkpoint import load_sharded
+
+        load_sharded(directory, self.strategy, model, _inner(optimizer))
 
     def save_state(self, path: str) -> None:
         """Save what ``prepare`` saw (model, optimizer, scaler, scheduler, RNG) to one file."""
@@ -345,6 +423,20 @@ class DeviceLoader:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.loader, name)
+
+
+def compile_model(model: torch.nn.Module, backend: str = "inductor", per_unit: bool = False) -> None:
+    """``torch.compile`` ``model`` in place, before any parallel wrapper.
+
+    ``Module.compile`` keeps parameter names (and so checkpoints) those of the eager
+    model: no ``_orig_mod.`` prefixes. ``per_unit`` compiles each of ``model.shard_units()``
+    (its transformer layers) on its own, which keeps DDP's bucketed all-reduce and FSDP's
+    per-layer gathers overlapping backward; without units, or one process, the whole model
+    is compiled (the most fusion).
+    """
+    units = list(model.shard_units()) if per_unit and hasattr(model, "shard_units") else []
+    for module in units or [model]:
+        module.compile(backend=backend)
 
 
 def _inner(obj: Any) -> Any:

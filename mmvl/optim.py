@@ -17,6 +17,7 @@ plain numbers and survives ``weights_only`` checkpoint loading.
 from __future__ import annotations
 
 import functools
+import logging
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -27,6 +28,8 @@ from mmvl.config.access import config_value, plain
 from mmvl.config.components import bind_params, component_spec
 from mmvl.errors import UserError, did_you_mean
 from mmvl.registry import OPTIMIZERS, SCHEDULERS, register_optimizer, register_scheduler
+
+log = logging.getLogger("mmvl")
 
 register_optimizer("adam_w", torch.optim.AdamW)
 
@@ -237,26 +240,69 @@ def constant(optimizer: torch.optim.Optimizer, num_warmup_steps: int = 0) -> tor
     return _lambda_lr(optimizer, "constant", warmup, 1, 0.0)
 
 
+def _clamp_warmup(params: dict[str, Any]) -> None:
+    """A warm-up longer than the run (e.g. a smoke test with ``training.max_updates=50``) is clamped
+    to the run's length, with a warning from rank 0: the run goes ahead instead of stopping."""
+    from mmvl.distributed.comm import is_main_process
+
+    warmup, steps = _as_int(params.get("num_warmup_steps", 0)), params["num_training_steps"]
+    if isinstance(warmup, int) and isinstance(steps, int) and warmup > steps > 0:
+        if is_main_process():
+            log.warning("scheduler.params.num_warmup_steps=%d is longer than this run (%d updates): warm-up "
+                        "clamped to %d, so the lr rises for the whole run. Set num_warmup_steps to at most %d "
+                        "to silence this.", warmup, steps, steps, steps)
+        params["num_warmup_steps"] = steps
+
+
 def build_scheduler(optimizer: torch.optim.Optimizer, config: Any,
                     max_updates: int | None = None) -> torch.optim.lr_scheduler.LRScheduler | None:
     """Build ``config.scheduler`` ({type, params}); None when absent or null.
 
     ``num_training_steps`` defaults to ``max_updates`` (the trainer's count,
     e.g. derived from ``training.max_epochs``), else ``training.max_updates``,
-    when the scheduler takes it and the config leaves it null.
+    when the scheduler takes it and the config leaves it null; a longer warm-up is
+    then clamped to it (with a warning).
     """
     sched_cfg = plain(config_value(config, "scheduler"))
     if sched_cfg is None or sched_cfg == {} or (isinstance(sched_cfg, Mapping) and sched_cfg.get("type") is None):
         return None
     name, params = component_spec(sched_cfg, "scheduler")
+    derived: list[bool] = []
 
     def run_length() -> int:
         updates = max_updates if max_updates is not None else config_value(config, "training.max_updates")
         if updates is None:
             raise UserError(f"scheduler {name!r} needs scheduler.params.num_training_steps or training.max_updates.")
+        derived.append(True)  # num_training_steps is the run's length: a longer warm-up is clamped
         return _as_int(updates)
 
     factory = SCHEDULERS.get(name)
     params = bind_params(factory, params, (optimizer,), kind="scheduler", name=name, where="scheduler",
                          defaults={"num_training_steps": run_length})
+    if derived:
+        _clamp_warmup(params)
     return factory(optimizer, **params)
+
+
+def adopt_config_hyperparameters(optimizer: Any, scheduler: Any, fresh_groups: list[dict[str, Any]],
+                                 kept_optimizer: bool, kept_scheduler: bool) -> None:
+    """After a resume with ``checkpoint.reset.*``: the run goes on under the config's settings.
+
+    ``fresh_groups`` are the param-group hyper-parameters the config built (captured before the
+    checkpoint was loaded); a kept optimizer state takes them over its saved ones (its moments
+    stay). A kept schedule takes the config's base lrs at its saved position; a reset one starts
+    at its beginning. Either way each group's lr is the schedule's value now, so the first update
+    after the resume already uses it.
+    """
+    if kept_optimizer:
+        for group, fresh in zip(optimizer.param_groups, fresh_groups):
+            group.update(fresh)
+    if scheduler is None:
+        return
+    if kept_scheduler and "initial_lr" in optimizer.param_groups[0]:
+        scheduler.base_lrs = [group["initial_lr"] for group in optimizer.param_groups]
+        if isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR):
+            scheduler._last_lr = [base * fn(scheduler.last_epoch)
+                                  for base, fn in zip(scheduler.base_lrs, scheduler.lr_lambdas)]
+    for group, lr in zip(optimizer.param_groups, scheduler.get_last_lr()):
+        group["lr"] = lr

@@ -1,9 +1,10 @@
-"""What every mmvl command shares: one-line user errors with exit code 2, ``--debug``."""
+"""What every mmvl command shares: one-line user errors with exit code 2, ``--debug``, starting
+local processes for ``distributed.world_size``, and how a command process ends."""
 from __future__ import annotations
 
 import os
 import sys
-from typing import Callable
+from typing import Any, Callable, NoReturn
 
 
 def cli_main(fn: Callable[[list[str]], int], argv: list[str], doc: str = "") -> int:
@@ -20,6 +21,11 @@ def cli_main(fn: Callable[[list[str]], int], argv: list[str], doc: str = "") -> 
     except UserError as e:
         if debug:
             raise
+        if os.environ.get("RANK") is not None:
+            from mmvl.distributed.launch import report_user_error
+
+            if report_user_error(user_message(e)):
+                return 2  # the launcher prints it, once for all ranks
         rank = os.environ.get("RANK", "0")
         prefix = "mmvl: error: " if rank == "0" else f"mmvl: error (rank {rank}): "
         print(prefix + user_message(e), file=sys.stderr, flush=True)
@@ -27,6 +33,27 @@ def cli_main(fn: Callable[[list[str]], int], argv: list[str], doc: str = "") -> 
     except KeyboardInterrupt:
         print("mmvl: interrupted", file=sys.stderr)
         return 130
+
+
+def command(fn: Callable[[], int]) -> NoReturn:
+    """Run a command as this process's entry point and end the process with its exit status.
+
+    A crash prints its traceback as Python would (status 1). The process ends through
+    :func:`mmvl.distributed.init.exit_process`, which in a distributed run leaves the process
+    group and skips interpreter shutdown (why: see there).
+    """
+    try:
+        code = fn()
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if not isinstance(e.code, (int, type(None))):
+            print(e.code, file=sys.stderr)
+    except BaseException:  # noqa: BLE001 - reported here, before the process group is left
+        sys.excepthook(*sys.exc_info())  # as Python would print it (torch prefixes "[rankN]:")
+        code = 1
+    from mmvl.distributed.init import exit_process
+
+    exit_process(code)
 
 
 def user_message(error: BaseException) -> str:
@@ -37,6 +64,17 @@ def user_message(error: BaseException) -> str:
     if "Original Traceback" in text and marker in text:
         text = text.rsplit(marker, 1)[1]
     return text
+
+
+def run_or_launch(config: Any, module: str, opts: list[str], run: Callable[[Any], Any]) -> int:
+    """``run(config)`` in this process, or, when ``distributed.world_size`` > 1 and nothing launched
+    this process, ``python -m <module> <opts>`` in that many local processes (as torchrun would)."""
+    from mmvl.distributed.launch import launch_local, processes_to_start
+
+    if processes_to_start(config):
+        return launch_local(config, module, opts)
+    run(config)
+    return 0
 
 
 def print_registry(kind: str | None) -> None:

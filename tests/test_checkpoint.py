@@ -149,20 +149,58 @@ def test_pickled_object_payload_is_refused_without_running(tmp_path):
     assert not marker.exists()
 
 
-def test_find_resume(tmp_path, caplog):
+def test_choose_resume(tmp_path, caplog):
     m = CheckpointManager(tmp_path, max_to_keep=2)
-    assert m.find_resume() is None
-    with pytest.raises(UserError, match="resume_file"):
-        m.find_resume(tmp_path / "missing.ckpt")
+    assert m.choose_resume("auto") is None and m.choose_resume(False) is None
+    with pytest.raises(UserError, match="checkpoint.resume=true but there is no checkpoint"):
+        m.choose_resume(True)
+    assert m.choose_resume(True, pretrained=True) is None  # the pretrained weights are the start
     m.save(_state(1.0, 1), update=1)
     with caplog.at_level(logging.WARNING):
-        assert m.find_resume(resume_best=True) == m.last_path
+        assert m.choose_resume("auto", resume_best=True) == m.last_path
     assert "resume_best" in caplog.text
     m.save(_state(1.0, 2), update=2, is_best=True)
-    assert m.find_resume(resume_best=True) == m.best_path
-    assert m.find_resume(m.dir / "model_1.ckpt") == m.dir / "model_1.ckpt"
+    assert m.choose_resume("auto", resume_best=True) == m.best_path
+    assert m.choose_resume(False) is None
+    other = tmp_path / "other.ckpt"
+    assert m.choose_resume(False, resume_file=str(other)) == other  # an explicit file wins
+    # ... unless it only holds pretrained weights: then the run's own checkpoints continue it
+    assert m.choose_resume("auto", resume_file=str(other), pretrained=True) == m.last_path
+    assert m.choose_resume(False, resume_file=str(other), pretrained=True) is None
     m.last_path.unlink()
-    assert m.find_resume() == m.dir / "model_2.ckpt"
+    assert m.choose_resume(True) == m.dir / "model_2.ckpt"
+
+
+@pytest.mark.parametrize("content, what", [
+    (b"model: visual_bert\ntraining:\n  seed: 1\n", "a text file (it starts with 'model: visual_bert')"),
+    (b'{"model": {"w": [1, 2]}}', "a text file"),
+    (b"# notes\nnot a checkpoint\n", "a text file (it starts with '# notes')"),
+    (b"", "an empty file"),
+    (bytes(range(200, 240)), "a file of another format (it starts with bytes c8 c9"),
+])
+def test_a_file_that_is_no_torch_file_is_named(tmp_path, content, what):
+    path = tmp_path / "model.ckpt"
+    path.write_bytes(content)
+    with pytest.raises(UserError) as info:
+        safe_load(path)
+    assert what in str(info.value) and "not a checkpoint written by torch.save" in str(info.value)
+    assert "pickled" not in str(info.value) and "corrupt" not in str(info.value)
+
+
+def test_move_aside_keeps_everything(tmp_path):
+    m = CheckpointManager(tmp_path)
+    assert m.move_aside() is None  # nothing to move
+    m.save(_state(1.0, 3), update=3)
+    (tmp_path / "metrics.jsonl").write_text('{"update": 3}\n')
+    first = m.move_aside()
+    assert first.parent == tmp_path / "previous"
+    assert sorted(os.listdir(first / "checkpoints")) == ["last.ckpt", "model_3.ckpt"]
+    assert (first / "metrics.jsonl").read_text() == '{"update": 3}\n'
+    assert not m.dir.exists() and not (tmp_path / "metrics.jsonl").exists()
+    m.save(_state(2.0, 1), update=1)
+    second = m.move_aside()  # the same second: a second folder, never an overwrite
+    assert second != first and safe_load(second / "checkpoints" / "last.ckpt")["trainer"]["update"] == 1
+    assert safe_load(first / "checkpoints" / "last.ckpt")["trainer"]["update"] == 3
 
 
 def test_atomic_save_creates_parent(tmp_path):
@@ -308,3 +346,25 @@ def test_zero_optimizers_cannot_read_sharded(tmp_path):
     assert not strategy.can_load_sharded(OwnFormat(model.parameters(), lr=0.1))
     with pytest.raises(UserError, match="is sharded.*cannot load it; resume it with .*fsdp"):
         strategy.load_sharded_state(model, OwnFormat(model.parameters(), lr=0.1), str(tmp_path))
+
+
+def test_written_files_follow_the_umask(tmp_path, umask):
+    """The atomic writer, its temp folders and the sharded layout give what open()/mkdir would
+    (mkstemp/mkdtemp make 0600/0700 whatever the umask)."""
+    from mmvl.checkpoint import atomic_write, make_temp_dir, save_sharded
+    from mmvl.config import save_config
+    from mmvl.data.predictions import write_predictions
+    from mmvl.distributed.env import DistEnv
+    from mmvl.distributed.strategies.single import SingleStrategy
+    from tests.fixtures.modes import tree, wrong_modes
+
+    m = CheckpointManager(tmp_path / "run")
+    m.save(_state(1.0, 2), update=2, is_best=True)
+    save_config({"a": 1}, tmp_path / "run" / "config.yaml")
+    write_predictions(str(tmp_path / "run"), "toy", "test", [{"id": 1, "answer": "yes"}])
+    atomic_write(tmp_path / "run" / "notes.txt", "w", lambda f: f.write("x"))
+    model = torch.nn.Linear(2, 2)
+    save_sharded(m.sharded_path(4), SingleStrategy(None, DistEnv()), model,
+                 torch.optim.AdamW(model.parameters()), extra={"trainer": {"update": 4}})
+    make_temp_dir(tmp_path / "run")
+    assert wrong_modes(tree(tmp_path / "run"), umask) == []

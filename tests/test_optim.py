@@ -1,4 +1,5 @@
 """Optimizer grouping, LR scaling, name fallback, and scheduler curves."""
+import logging
 import math
 
 import pytest
@@ -215,3 +216,28 @@ def test_fused_adam_w_steps_on_cuda_and_under_the_grad_scaler():
     scaler.step(opt)
     scaler.update()
     assert opt.defaults["fused"] is True and not torch.equal(model.lin.weight, before)
+
+
+def test_warmup_longer_than_the_run_is_clamped_with_a_warning(caplog):
+    """A smoke test (training.max_updates=5) with the shipped 1000-update warm-up runs; the lr rises
+    over the whole run. An explicit num_training_steps below the warm-up stays an error (above)."""
+    with caplog.at_level(logging.WARNING, logger="mmvl"):
+        opt, s = _sched("warmup_linear", {"num_warmup_steps": 1000}, max_updates=5)
+    assert _lrs(s, opt, 6) == pytest.approx([0.0, 0.2, 0.4, 0.6, 0.8, 1.0])
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "num_warmup_steps=1000 is longer than this run (5 updates)" in warnings[0]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="mmvl"):
+        _sched("warmup_cosine", {"num_warmup_steps": 5}, max_updates=5)  # exactly the run: no warning
+    assert not caplog.records
+
+
+def test_short_run_with_the_shipped_warmup_trains(tmp_path, capsys):
+    from mmvl_cli.run import main
+    from tests.fixtures.toy import register, toy_opts
+
+    register()
+    opts = toy_opts(tmp_path, "training.max_updates=6", "scheduler.params.num_warmup_steps=1000")
+    assert main(opts) == 0
+    log = (tmp_path / "save" / "train.log").read_text()
+    assert log.count("warm-up clamped to 6") == 1 and "update 6/6" in log

@@ -51,7 +51,7 @@ def test_builtins_registered():
     assert "visual_bert" in registry.MODELS
     assert "sort_of_clevr" in registry.DATASETS
     assert "mmvl" in registry.TRAINERS
-    for name in ("checkpoint", "logging", "early_stop", "lr_scheduler", "evaluation"):
+    for name in ("checkpoint", "logging", "early_stop", "evaluation", "preemption", "profiler"):
         assert name in registry.CALLBACKS
     assert {"cross_entropy", "logit_bce"} <= set(registry.LOSSES.names())
     assert {"accuracy", "vqa_accuracy"} <= set(registry.METRICS.names())

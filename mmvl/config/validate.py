@@ -40,6 +40,12 @@ def _lr_scalings() -> tuple[Any, ...]:
     return ("none", *LR_SCALINGS, None)
 
 
+def _tensorboard() -> tuple[Any, ...]:
+    from mmvl.trainers.callbacks.tensorboard import TENSORBOARD
+
+    return TENSORBOARD
+
+
 #: keys with a fixed set of values; each set is owned by the code that acts on the value
 CHOICES: dict[str, Callable[[], tuple[Any, ...]]] = {
     "run_type": lambda: ("train", "val", "test", "train_val", "train_test"),
@@ -48,6 +54,7 @@ CHOICES: dict[str, Callable[[], tuple[Any, ...]]] = {
     "training.pin_memory": _pin_memory,
     "distributed.backend": _backends,
     "optimizer.lr_scaling": _lr_scalings,
+    "training.tensorboard": _tensorboard,
 }
 #: keys naming a registered component: (registry kind, values allowed besides the registered names).
 #: The registry decides, after the built-ins and ``env.user_dir`` are imported.

@@ -9,7 +9,7 @@ from mmvl.distributed.comm import (all_gather, all_gather_object, all_reduce_mea
                                    broadcast_object, gather_for_metrics, get_rank, get_world_size,
                                    is_main_process, reduce_dict, synchronize)
 from mmvl.distributed.env import DistEnv
-from mmvl.distributed.init import destroy, init_distributed, seed_everything, seed_for_init
+from mmvl.distributed.init import destroy, exit_process, init_distributed, seed_everything, seed_for_init
 
 
 def build_strategy(config, env: DistEnv):
@@ -19,7 +19,7 @@ def build_strategy(config, env: DistEnv):
     return _build(config, env)
 
 
-__all__ = ["DistEnv", "init_distributed", "destroy", "seed_everything", "seed_for_init", "build_strategy",
+__all__ = ["DistEnv", "init_distributed", "destroy", "exit_process", "seed_everything", "seed_for_init", "build_strategy",
            "all_gather", "all_gather_object", "all_reduce_mean", "broadcast", "broadcast_object",
            "gather_for_metrics", "get_rank", "get_world_size", "is_main_process", "reduce_dict",
            "synchronize"]

@@ -68,6 +68,42 @@ def all_reduce(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
     return place(out, tensor.device)
 
 
+class AsyncMax:
+    """The maximum of one small integer over all ranks, started now and read later.
+
+    The all-reduce runs on the communication device (CUDA under NCCL) without the caller
+    waiting; on CUDA the flag is made on the GPU (a fill, no copy) and its result copied
+    to pinned host memory behind an event. ``result()`` waits only for that (usually long
+    finished) work, so a loop that starts one every N updates and reads it N updates later
+    never stalls the device in between, and every rank reads the same value at the same
+    update.
+    """
+
+    def __init__(self, value: int):
+        grouped = is_initialized()  # at world size 1 too: the same path, a trivial reduction
+        device = communication_device() if grouped else torch.device("cpu")
+        if device.type == "cuda" and torch.cuda.is_available():
+            self._flag = torch.full((1,), int(value), dtype=torch.int32, device=device)
+        else:
+            self._flag = place(torch.full((1,), int(value), dtype=torch.int32), device)
+        self._work = dist.all_reduce(self._flag, op=dist.ReduceOp.MAX, async_op=True) if grouped else None
+        self._event = None
+        if self._flag.is_cuda:
+            self._work.wait()  # on CUDA: the current stream waits for the collective, the host does not
+            host = torch.empty(1, dtype=torch.int32, pin_memory=True)
+            host.copy_(self._flag, non_blocking=True)
+            self._device_flag, self._flag, self._work = self._flag, host, None
+            self._event = torch.cuda.Event()
+            self._event.record()
+
+    def result(self) -> int:
+        if self._event is not None:
+            self._event.synchronize()
+        elif self._work is not None:
+            self._work.wait()
+        return int(place(self._flag, torch.device("cpu")).numpy()[0])  # host memory: no device sync
+
+
 def synchronize() -> None:
     if get_world_size() > 1:
         dist.barrier()

@@ -6,9 +6,11 @@ Everything a launcher says is read once here and returned as a
 from __future__ import annotations
 
 import datetime
+import gc
 import logging
 import os
-from typing import Any, Mapping
+import sys
+from typing import Any, Mapping, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -176,3 +178,33 @@ def destroy() -> None:
     """Leave the process group (no-op when none)."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def exit_process(code: int) -> NoReturn:
+    """End this process with exit status ``code``; in a distributed run, without interpreter shutdown.
+
+    Why: gloo runs each collective on a worker thread that releases the collective's tensors
+    only after the caller saw it finish. When Python already dropped such a tensor, that release
+    takes the GIL, and CPython ends any thread that takes the GIL while the interpreter shuts down
+    with ``pthread_exit``; inside the (noexcept) destructor that is ``std::terminate``: SIGABRT,
+    "terminate called without an active exception", and a peer still in a collective sees
+    "Connection reset by peer". ``destroy_process_group`` does not stop those threads once DDP or
+    FSDP hold the backend, so a rank must not shut the interpreter down while they live. On
+    success (``code`` 0) the ranks first meet at a barrier, so none leaves while another is still
+    in a collective; then the group is destroyed, objects are collected (data-loader workers stop)
+    and output is flushed while Python is whole, and ``os._exit`` ends the process.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        sys.exit(code)
+    try:
+        if code == 0:
+            dist.barrier()
+        dist.destroy_process_group()
+    except Exception as e:  # noqa: BLE001 - a peer that already failed: leave anyway
+        log.warning("leaving the process group failed (%s: %s)", type(e).__name__, e)
+    finally:
+        gc.collect()
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        os._exit(code)

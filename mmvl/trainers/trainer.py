@@ -1,7 +1,11 @@
-"""The training loop: batch -> forward -> loss -> backward -> step.
+"""The training loop: batch -> forward -> loss -> backward -> step -> schedule.
 
-Everything else (checkpoints, evaluation schedule, logging, LR, early stop)
-lives in callbacks; device, precision and parallelism live in the Engine.
+Everything else (checkpoints, evaluation schedule, logging, early stop,
+preemption, profiling) lives in callbacks; device, precision and parallelism
+live in the Engine. Between two log intervals the step never waits for the
+device: what must be read back (a non-finite loss, updates the fp16 scaler
+skipped) is read in :meth:`Trainer.settle`, once per log interval and before
+every checkpoint and evaluation.
 """
 from __future__ import annotations
 
@@ -25,22 +29,34 @@ from mmvl.engine import Engine
 from mmvl.errors import UserError
 from mmvl.losses import build_losses, compute_losses
 from mmvl.metrics import build_metrics
-from mmvl.optim import build_optimizer, build_scheduler
-from mmvl.trainers.callbacks.checkpoint import resume
+from mmvl.optim import base_lr, build_optimizer, build_scheduler
+from mmvl.trainers.callbacks.checkpoint import save_checkpoint
 from mmvl.trainers.evaluation import evaluate as evaluate_split
 from mmvl.trainers.evaluation import prepare_split
+from mmvl.trainers.finite import NonFiniteGuard, NonFiniteLossError
+from mmvl.trainers.resume import load_pretrained, resume
+from mmvl.utils.flops import FlopCount, batch_tokens
 from mmvl.utils.rng import get_rng_state, seed_everything, set_rng_state
 
 log = logging.getLogger("mmvl")
 
 
-class NonFiniteLossError(UserError):
-    """The loss became NaN/inf; every rank raises it at the same update."""
-
-
 @registry.register_trainer("mmvl")
 class Trainer:
-    """Builds a run from a resolved config and trains/evaluates it."""
+    """Builds a run from a resolved config and trains/evaluates it.
+
+    State that callbacks may read or set (every rank holds the same values):
+
+    - ``update``, ``max_updates``, ``epoch`` (read only): where training is.
+    - ``should_stop``: set it to end :meth:`fit` after the current update.
+    - ``is_best``: set when the evaluation of this update is the best so far (early stop
+      does); the checkpoint callback then also writes ``best.ckpt``.
+    - ``preempted``: the signal name once the run stops for a preemption, else None.
+    - ``last_eval``: ``(update, split, results)`` of the latest evaluation, or None.
+    - ``last_saved``: the update of the latest checkpoint (-1: none yet).
+
+    A callback saves through :meth:`save_checkpoint`, never through another callback.
+    """
 
     def __init__(self, config: DictConfig, env: DistEnv | None = None):
         from mmvl.distributed.init import init_distributed
@@ -62,6 +78,7 @@ class Trainer:
         self._prepare_data()
         self.model = build_model(config, self.builders,
                                  checkpointing=not self.engine.strategy.handles_gradient_checkpointing)
+        load_pretrained(self.model, config)  # checkpoint.resume_pretrained: weights only, before wrapping
         self.losses = build_losses(list(model_config(config, self.builders).get("losses") or []))
         optimizer = build_optimizer(self.model, config, device=self.env.device)
         self.model, self.optimizer = self.engine.prepare(self.model, optimizer)
@@ -72,10 +89,19 @@ class Trainer:
         self.train_data = self._train_stream() if "train" in config.run_type else None
         self.update = 0
         self.max_updates = self._max_updates()
-        self.scheduler = build_scheduler(self.optimizer.optimizer, config, max_updates=self.max_updates)
+        scheduler = build_scheduler(self.optimizer.optimizer, config, max_updates=self.max_updates)
+        self.scheduler = None if scheduler is None else self.engine.prepare(scheduler)
+        self.clip_grad_norm = t.get("clip_grad_norm")
+        self.log_interval = max(1, int(t.log_interval or 1))
+        self.flops = FlopCount()
+        self.nonfinite = NonFiniteGuard(enabled=bool(t.get("exit_on_nan", True))
+                                        and self.engine.precision != "fp16")  # fp16: the scaler skips them
+        # state callbacks read or set (see the class docstring)
         self.should_stop = False
-        self.preempted: str | None = None  # signal name when stopped by SIGTERM/SIGUSR1
-        self.last_eval: tuple[int, str, dict] | None = None  # (update, split, results)
+        self.is_best = False
+        self.preempted: str | None = None
+        self.last_eval: tuple[int, str, dict] | None = None
+        self.last_saved = -1
         self.checkpoints = CheckpointManager(str(config.env.save_dir),
                                              int(config.checkpoint.max_to_keep))
         self.callbacks = build_callbacks(config, self)
@@ -131,14 +157,18 @@ class Trainer:
         self.call("on_train_start")
         while self.update < self.max_updates and not self.should_stop:
             self.call("on_update_start")
-            info = self.train_step()
+            with self.flops.once():  # the first update's FLOPs, for MFU
+                info = self.train_step()
             self.update += 1
+            if self.update % self.log_interval == 0 or self.update >= self.max_updates:
+                self.settle()
             self.call("on_update_end", info)
+        self.settle()
         self.call("on_train_end")
 
     def train_step(self) -> dict[str, Any]:
-        """One optimizer update over ``gradient_accumulation`` micro-batches."""
-        engine, totals = self.engine, {}
+        """One optimizer update over ``gradient_accumulation`` micro-batches (no wait on the device)."""
+        engine, micro, tokens = self.engine, [], 0
         for _ in range(engine.gradient_accumulation):
             batch = engine.to_device(next(self.train_data))
             with engine.accumulate(self.model):
@@ -147,32 +177,47 @@ class Trainer:
                     losses = compute_losses(self.losses, batch, output)
                 loss = sum(losses.values())
                 engine.backward(loss)
-            for k, v in losses.items():
-                totals[k] = totals.get(k, 0.0) + v.detach().float() / engine.gradient_accumulation
-        totals["total_loss"] = sum(totals.values())
-        clip = self.config.training.get("clip_grad_norm")
-        grad_norm = engine.clip_grad_norm_(self.model, clip) if clip else None
-        self._check_finite(totals)
+            micro.append({**losses, "total_loss": loss})
+            tokens += batch_tokens(batch)
+        totals = mean_losses(micro)
+        grad_norm = engine.clip_grad_norm_(self.model, self.clip_grad_norm) if self.clip_grad_norm else None
+        self.nonfinite.record(totals, self.update + 1)
+        lr = base_lr(self.optimizer)
         self.optimizer.step()
         self.optimizer.zero_grad()
-        return {"losses": totals, "grad_norm": grad_norm,
-                "samples": self.batch_size * engine.gradient_accumulation * self.env.world_size}
+        if self.scheduler is not None:
+            self.scheduler.step()  # not for updates the fp16 scaler skipped
+        world = self.env.world_size
+        return {"losses": totals, "grad_norm": grad_norm, "lr": lr, "tokens": tokens * world,
+                "samples": self.batch_size * engine.gradient_accumulation * world}
 
-    def _check_finite(self, totals: dict[str, torch.Tensor]) -> None:
-        if not self.config.training.get("exit_on_nan", True) or self.engine.precision == "fp16":
-            return  # under fp16 the grad scaler skips non-finite steps on every rank
-        bad = (~torch.isfinite(totals["total_loss"])).float()
-        bad = comm.all_reduce(bad, "max")
-        if bad.item():
+    def settle(self) -> None:
+        """Read back what the step left on the device (every rank calls it at the same update).
+
+        Raises :class:`NonFiniteLossError` on every rank when any rank's loss was NaN/inf since
+        the last call, and takes back LR steps of updates the fp16 scaler skipped.
+        """
+        bad = self.nonfinite.check()
+        if bad is not None:
+            first, values = bad
             last = os.path.join(self.config.env.save_dir, "checkpoints", "last.ckpt")
-            values = ", ".join(f"{k}={v.item():.4g}" for k, v in totals.items())
             raise NonFiniteLossError(
-                f"Loss is not finite at update {self.update + 1} ({values}); stopped. Last good "
+                f"Loss is not finite at update {first} (update {self.update}: {values}); stopped. Last good "
                 f"checkpoint: {last if os.path.exists(last) else 'none yet'}. Lower "
                 "optimizer.params.lr, set training.clip_grad_norm, or use training.precision=bf16.")
+        if self.scheduler is not None:
+            self.scheduler.settle()
+
+    def save_checkpoint(self, is_best: bool = False, full: bool = False) -> None:
+        """Checkpoint this update (every rank calls it). ``is_best``: also ``best.ckpt``;
+        ``full``: one full ``last.ckpt`` even when periodic checkpoints are sharded."""
+        self.settle()  # weights reached by a non-finite loss are never saved
+        save_checkpoint(self, is_best=is_best, full=full)
+        self.last_saved = self.update
 
     def evaluate(self, split: str = "val") -> dict[str, dict[str, float]]:
         """Metrics over the whole ``split`` of each dataset, each sample counted once (streamed)."""
+        self.settle()
         results = evaluate_split(self, split)
         self.last_eval = (self.update, split, results)
         self.call("on_evaluation_end", split, results)
@@ -205,6 +250,13 @@ class Trainer:
         for c in self.callbacks:
             if type(c).__name__ in (state.get("callbacks") or {}):
                 c.load_state_dict(state["callbacks"][type(c).__name__])
+
+
+def mean_losses(micro: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Each loss's mean over the micro-batches of an update, detached, fp32 (no device work for one)."""
+    if len(micro) == 1:
+        return {k: v.detach().float() for k, v in micro[0].items()}
+    return {k: torch.stack([m[k].detach().float() for m in micro]).mean() for k in micro[0]}
 
 
 def _check_writable(save_dir: str) -> None:

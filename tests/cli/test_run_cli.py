@@ -83,3 +83,10 @@ def test_world_size_mismatch_exit_2(tmp_path):
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "distributed.world_size=4" in lines[0] and "Traceback" not in proc.stderr
+
+
+def test_datasets_without_model_is_one_line(tmp_path, capsys):
+    code = main(["datasets=toy", f"env.save_dir={tmp_path}/save", f"env.data_dir={tmp_path}/data"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith("mmvl: error: No model chosen; set model=<name> (") and "toy_mlp" in err

@@ -105,7 +105,8 @@ def test_lists_replace_wholesale(root):
 @pytest.mark.parametrize("opt, wanted", [
     ("training.batch_size=abc", "must be a positive integer"),
     ("training.seed=1.5", "must be an integer"),
-    ("training.tensorboard=3", "must be true or false"),
+    ("training.progress_bar=3", "must be true or false"),
+    ("training.tensorboard=3", "must be one of true, false, auto"),
     ("optimizer.params.lr=fast", "must be a number"),
     ("evaluation.metrics=accuracy", "must be a list"),
     ("training=5", "must be a mapping"),

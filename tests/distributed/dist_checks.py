@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from dist_models import LR, batch, build, full_params, local_optimizer_state_bytes, make_config, train
+from mmvl.checkpoint import load_sharded, save_sharded
 from mmvl.distributed.init import seed_for_init
 from mmvl.distributed.strategies import build_strategy
 
@@ -187,10 +188,10 @@ def _sharded_roundtrip(env, name, model_name, world1_ckpt, workdir) -> dict[str,
     directory = os.path.join(workdir, "sharded")
     strat, model, opt = build(model_name, name, env)
     train(strat, model, opt, model_name, range(HALF), env.rank, env.world_size)
-    strat.save_sharded_state(model, opt, directory)
+    save_sharded(directory, strat, model, opt)
     dist.barrier()
     strat, model, opt = build(model_name, name, env)
-    strat.load_sharded_state(model, opt, directory)
+    load_sharded(directory, strat, model, opt)
     train(strat, model, opt, model_name, range(HALF, STEPS), env.rank, env.world_size)
     files = sorted(os.listdir(directory))
     return {"sharded_resumed": full_params(strat, model), "sharded_files": files,

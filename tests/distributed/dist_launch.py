@@ -62,7 +62,7 @@ def _entry(path: str, qualname: str, rank: int, world_size: int, port: int, outd
                       LOCAL_WORLD_SIZE=str(world_size))
     torch.set_num_threads(1)
     try:
-        from mmvl.distributed.init import destroy, init_distributed
+        from mmvl.distributed.init import exit_process, init_distributed
 
         shim = None
         if claim is not None:
@@ -80,11 +80,11 @@ def _entry(path: str, qualname: str, rank: int, world_size: int, port: int, outd
                                     "training": {"device": "cpu"}})
         result = fn(env, *args)
         torch.save(result, os.path.join(outdir, f"result_{rank}.pt"))
-        destroy()
     except BaseException:  # noqa: BLE001 - report everything to the parent
         Path(outdir, f"error_{rank}.txt").write_text(traceback.format_exc())
         sys.stdout.flush()
         os._exit(1)  # do not wait on a process group a peer may have abandoned
+    exit_process(0)  # as mmvl's commands end: no interpreter shutdown beside gloo's threads
 
 
 def launch(fn: Callable, world_size: int = 2, args: tuple = (), timeout: float = 120.0,

@@ -140,19 +140,28 @@ def test_the_engine_takes_its_own_gpu_before_its_first_collective(launch):
 def _trainer_run(env, root: str) -> dict[str, Any]:
     from mmvl.config import load_config
     from mmvl.trainers import Trainer
+    from mmvl.trainers.callbacks import Callback
     from tests.fixtures.toy import register, toy_opts
 
     register()
     torch.set_num_threads(1)
-    trainer = Trainer(load_config(toy_opts(root, "distributed.strategy=ddp", "training.max_updates=8")), env=env)
-    # callbacks/preemption.py all-reduces a CPU flag after every update (the defect shown above); its
-    # rewrite (issue 9, item 3) is another change: once it is in, this line goes
-    trainer.callbacks = [c for c in trainer.callbacks if type(c).__name__ != "PreemptionCallback"]
+    trainer = Trainer(load_config(toy_opts(root, "distributed.strategy=ddp", "training.max_updates=8",
+                                           "training.preemption_check_interval=2")), env=env)
+
+    class Signal(Callback):  # rank 1 is preempted after update 3: its flag crosses the ranks as NCCL would
+        def on_update_end(self, info):
+            if trainer.update == 3 and env.rank == 1:
+                os.kill(os.getpid(), signal.SIGUSR1)
+
+    trainer.callbacks.insert(0, Signal(trainer))
     trainer.fit()
-    return {"update": trainer.update, "val": trainer.evaluate("val")["toy"]["accuracy"]}
+    return {"update": trainer.update, "preempted": trainer.preempted,
+            "val": trainer.evaluate("val")["toy"]["accuracy"]}
 
 
 def test_the_trainer_s_own_collectives_pass_the_nccl_shim(launch, tmp_path):
-    """Loss checks, logging means, evaluation gathers, checkpoint RNG gathers: all on the rank's GPU."""
+    """Loss checks, logging means, the preemption flag (started at update 4, read at 6), evaluation
+    gathers, checkpoint RNG gathers: all on the rank's GPU."""
     ranks = launch(_trainer_run, world_size=2, args=(str(tmp_path),), timeout=240, claim="nccl")
-    assert [r["update"] for r in ranks] == [8, 8] and ranks[0]["val"] == ranks[1]["val"]
+    assert [(r["update"], r["preempted"]) for r in ranks] == [(6, "SIGUSR1")] * 2
+    assert ranks[0]["val"] == ranks[1]["val"]

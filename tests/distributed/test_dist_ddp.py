@@ -36,6 +36,14 @@ def test_auto_resolution(config, env, want):
     assert resolve_strategy_name(config, env) == want
 
 
+@pytest.mark.parametrize("name", ["ddp", "fsdp", "zero_torch", "zero_fairscale"])
+def test_process_group_strategy_without_group_is_a_user_error(name):
+    """Training one process unwrapped is not what distributed.strategy=<name> asked for."""
+    with pytest.raises(UserError, match=f"distributed.strategy={name} needs several processes.*"
+                                        "distributed.world_size=<N>"):
+        build_strategy(make_config(name), DistEnv())
+
+
 @pytest.mark.parametrize("strategy,world,want", [
     ("auto", 1, "single"),  # one process: nothing to split
     ("auto", 2, "zero_fairscale"),  # what MMF built: fairscale OSS + ShardedDDP
@@ -60,14 +68,6 @@ def test_ddp_options_from_config():
     options = ddp_options(make_config("ddp", {"broadcast_buffers": False, "find_unused_parameters": True}))
     assert options["find_unused_parameters"] is True
     assert False in [options.get("forward_sync_buffers"), options.get("broadcast_buffers")]
-
-
-def test_process_group_strategy_without_group_runs_unwrapped(caplog):
-    strat = build_strategy(make_config("ddp"), DistEnv())
-    assert type(strat).__name__ == "SingleStrategy"
-    assert "needs several processes" in caplog.text
-    model = torch.nn.Linear(2, 2)
-    assert strat.wrap(model, None)[0] is model
 
 
 def test_unknown_strategy_suggests_the_closest():

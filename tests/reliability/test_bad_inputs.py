@@ -114,6 +114,8 @@ ROWS = [
     Row("resume_file truncated", lambda c: [f"checkpoint.resume_file={c.files / 'truncated.ckpt'}"],
         "truncated.ckpt' is truncated or corrupt"),
     Row("checkpoint of another model", lambda c: ["model_config.toy_mlp.hidden_size=32"],
+        "model_config.toy_mlp.hidden_size (16 -> 32)"),  # resume=auto compares the configs first
+    Row("checkpoint of another model, evaluated", lambda c: ["run_type=val", "model_config.toy_mlp.hidden_size=32"],
         "key 'net.0.weight': checkpoint (16, 8) vs model (32, 8)"),
     Row("every checkpoint corrupt", lambda c: [], "no loadable checkpoint", prepare=_corrupt_all),
     # data files (vision-and-language datasets; skipped where their builders are absent)

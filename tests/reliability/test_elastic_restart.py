@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from mmvl.checkpoint import safe_load
-from tests.fixtures.faults import SEPARATOR, run_torchrun
+from tests.fixtures.faults import KILLED, SEPARATOR, run_torchrun
 from tests.fixtures.toy import register, toy_opts
 
 register()
@@ -54,7 +54,10 @@ def test_rank_killed_torchrun_restarts_and_resumes_bitwise(tmp_path):
     argv = [a for i, opts in enumerate(runs) for a in ([SEPARATOR] if i else []) + opts]
     proc, seconds = run_torchrun(argv, faults, max_restarts=2, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert len(re.findall(r"exitcode: -9\) local_rank: 1", proc.stderr)) == 2, "rank 1 was not killed twice"
+    # (counted by the fault's own line: the agent names the first failure by time, and the survivor's
+    # "Connection closed by peer" may be seen in the same poll as rank 1's SIGKILL)
+    assert [KILLED.format(rank=1, attempt=a) in proc.stderr for a in (0, 1)] == [True, True], \
+        "rank 1 was not killed in attempts 0 and 1"
     for s in STRATEGIES:
         resumed = _resumes(roots[s, "faulted"])
         assert kills[s] - 2 <= resumed[0] < kills[s], (s, kills[s], resumed)

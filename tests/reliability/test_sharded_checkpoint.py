@@ -1,6 +1,6 @@
 """Sharded (FSDP/DCP) checkpoints are complete only when every rank's part and rank 0's marker are
 written: a directory a crash left without the marker, or with a part missing or cut short, is
-refused by ``load_sharded_state`` and skipped by ``CheckpointManager.latest_sharded``."""
+refused by ``mmvl.checkpoint.load_sharded`` and skipped by ``CheckpointManager.latest_sharded``."""
 from __future__ import annotations
 
 import json
@@ -10,8 +10,8 @@ import signal
 import pytest
 import torch
 
-from mmvl.checkpoint import (SHARDED_MARKER, CheckpointManager, check_sharded_complete,
-                             mark_sharded_complete, sharded_problem)
+from mmvl.checkpoint import (SHARDED_MARKER, CheckpointManager, check_sharded_complete, load_sharded,
+                             mark_sharded_complete, save_sharded, sharded_problem)
 from mmvl.errors import UserError
 from tests.distributed.dist_launch import LaunchError, launch
 from tests.distributed.dist_models import build, full_params, train
@@ -75,10 +75,10 @@ def _save_two(env, manager: CheckpointManager):
     torch.set_num_threads(1)
     strat, model, opt = build("mlp", "fsdp", env)
     train(strat, model, opt, "mlp", range(2), env.rank, env.world_size)
-    strat.save_sharded_state(model, opt, str(manager.sharded_path(2)))
+    save_sharded(str(manager.sharded_path(2)), strat, model, opt)
     at_2 = full_params(strat, model)
     train(strat, model, opt, "mlp", range(2, 4), env.rank, env.world_size)
-    strat.save_sharded_state(model, opt, str(manager.sharded_path(4)))
+    save_sharded(str(manager.sharded_path(4)), strat, model, opt)
     train(strat, model, opt, "mlp", range(4, 5), env.rank, env.world_size)
     return strat, model, opt, at_2
 
@@ -87,12 +87,12 @@ def _resume(env, manager: CheckpointManager) -> dict:
     """A fresh model: the torn directory is refused, the newest complete one loads."""
     strat, model, opt = build("mlp", "fsdp", env)
     try:
-        strat.load_sharded_state(model, opt, str(manager.sharded_path(4)))
+        load_sharded(str(manager.sharded_path(4)), strat, model, opt)
         refused = ""
     except UserError as e:
         refused = str(e)
     chosen = manager.latest_sharded()
-    strat.load_sharded_state(model, opt, str(chosen))
+    load_sharded(chosen, strat, model, opt)
     return {"refused": refused, "chosen": chosen.name, "params": full_params(strat, model)}
 
 
@@ -108,7 +108,7 @@ def _fail_then_resume(env, root: str) -> dict:
             raise OSError(28, "No space left on device")
         fs.FileSystemWriter.write_data = fail
     try:
-        strat.save_sharded_state(model, opt, str(manager.sharded_path(4)))
+        save_sharded(str(manager.sharded_path(4)), strat, model, opt)
         failed = False
     except BaseException:  # noqa: BLE001 - DCP raises its CheckpointException (a BaseException) on every rank
         failed = True
@@ -143,7 +143,7 @@ def _save_then_die(env, root: str) -> None:
         torch.save(at_2, os.path.join(root, "at_2.pt"))
     if env.rank == 1:  # die like a node lost mid-save, before this rank's part is written
         fs.FileSystemWriter.write_data = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
-    strat.save_sharded_state(model, opt, str(manager.sharded_path(4)))  # rank 0 fails here too
+    save_sharded(str(manager.sharded_path(4)), strat, model, opt)  # rank 0 fails here too
 
 
 def _resume_fresh(env, root: str) -> dict:

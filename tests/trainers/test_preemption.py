@@ -44,3 +44,30 @@ def test_signal_saves_current_update_and_resume_matches(tmp_path, sig):
     resumed.fit()
     for k, v in _weights(straight).items():
         assert torch.equal(v, _weights(resumed)[k]), k
+
+
+def _two_ranks(env, root: str) -> tuple[int, str, int]:
+    """Rank 1 alone is signalled after update 4; checks every 3 updates (asynchronous)."""
+    register()
+    torch.set_num_threads(1)
+    trainer = Trainer(load_config(toy_opts(root, "distributed.strategy=ddp", "training.max_updates=20",
+                                           "training.preemption_check_interval=3",
+                                           "training.checkpoint_interval=100")), env=env)
+
+    class Kill(Callback):
+        def on_update_end(self, info):
+            if trainer.update == 4 and env.rank == 1:
+                os.kill(os.getpid(), signal.SIGUSR1)
+
+    trainer.callbacks.insert(0, Kill(trainer))
+    trainer.fit()
+    return trainer.update, trainer.preempted, trainer.last_saved
+
+
+def test_every_rank_stops_at_the_same_update_within_two_intervals(tmp_path):
+    from tests.distributed.dist_launch import launch
+
+    results = launch(_two_ranks, world_size=2, args=(str(tmp_path),), timeout=120)
+    # the flag joins the all-reduce started at update 6 and is read at update 9, on both ranks
+    assert results == [(9, "SIGUSR1", 9), (9, "SIGUSR1", 9)]
+    assert safe_load(str(tmp_path / "save" / "checkpoints" / "last.ckpt"))["trainer"]["update"] == 9

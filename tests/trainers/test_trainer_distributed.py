@@ -20,7 +20,8 @@ def _opts(root: str, strategy: str, *extra: str) -> list[str]:
     return toy_opts(root, f"distributed.strategy={strategy}", "training.max_updates=20",
                     "training.gradient_accumulation=2", "training.clip_grad_norm=0.5",
                     "training.checkpoint_interval=10", "training.evaluation_interval=10",
-                    "checkpoint.resume=false", "optimizer.params.lr=0.02", *extra)
+                    "checkpoint.resume=false", "optimizer.params.lr=0.02",
+                    "training.tensorboard=true", "training.curves=true", *extra)
 
 
 def _runs(env, root: str, strategies: list[str]) -> None:
@@ -56,6 +57,9 @@ def _check(tmp_path, single, strategies):
         for k, v in reference.items():
             torch.testing.assert_close(full[k], v, atol=1e-5, rtol=0, msg=f"{s} vs single: {k}")
             assert torch.equal(resumed[k], full[k]), f"{s}: resumed != uninterrupted at {k}"
+        full_dir = tmp_path / s / "full" / "save"
+        assert len(list((full_dir / "tensorboard").glob("events.out.tfevents.*"))) == 1  # rank 0 writes
+        assert (full_dir / "curves.png").is_file()
         # a world-2 checkpoint resumes at world 1 and reaches the single-process result
         mid = tmp_path / s / "part" / "save" / "checkpoints" / "model_10.ckpt"
         t1 = Trainer(load_config(_opts(str(tmp_path / s / "w1"), "single",

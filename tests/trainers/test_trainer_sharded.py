@@ -21,7 +21,9 @@ from tests.distributed.dist_launch import launch
 from tests.fixtures.toy import register, toy_opts
 
 class SignalAt:
-    """Rank 0 gets SIGUSR1 (SLURM's warning) after ``update``; every rank saves and stops at the next."""
+    """Rank 0 gets SIGUSR1 (SLURM's warning) after ``update``. With a check after every update
+    (``training.preemption_check_interval=1``) the flag goes into the all-reduce started after the
+    next update and is read one update later: every rank saves and stops at ``update + 2``."""
 
     def __new__(cls, trainer, update: int):
         from mmvl.trainers.callbacks import Callback
@@ -86,7 +88,8 @@ def _runs(env, root: str) -> dict:
     out["resumed_from"] = resumed.resumed_from
     # preemption: the save is sharded too, and there is no end-of-run export (the job is dying)
     before = len(gathers)
-    stopped = fit("preempt", "training.callbacks=[{type: signal_at, params: {update: 7}}]")
+    stopped = fit("preempt", "training.callbacks=[{type: signal_at, params: {update: 7}}]",
+                  "training.preemption_check_interval=1")
     out["preempted"] = (stopped.preempted, stopped.update, len(gathers) - before,
                         sorted(os.listdir(f"{root}/preempt/save/checkpoints")))
     out["preempt_resumed_from"] = fit("preempt", "checkpoint.resume=true").resumed_from
@@ -107,8 +110,8 @@ def test_sharded_checkpoints_resume_prune_and_reshard(tmp_path):
     assert r["stopped_files"] == ["best.ckpt", "last.ckpt", "sharded_10", "sharded_5"]
     assert r["resumed_from"].endswith("sharded_10") and results[1]["resumed_from"] == r["resumed_from"]
 
-    assert r["preempted"] == ("SIGUSR1", 8, 0, ["sharded_5", "sharded_8"])
-    assert r["preempt_resumed_from"].endswith("sharded_8")
+    assert r["preempted"] == ("SIGUSR1", 9, 0, ["sharded_5", "sharded_9"])
+    assert r["preempt_resumed_from"].endswith("sharded_9")
 
     for run in ("full", "part", "preempt"):
         ckpts = tmp_path / run / "save" / "checkpoints"
@@ -134,11 +137,12 @@ def test_sharded_checkpoints_resume_prune_and_reshard(tmp_path):
     for k, v in full["model"].items():
         torch.testing.assert_close(ddp[k], v, atol=1e-5, rtol=0, msg=f"fsdp -> ddp: {k}")
 
-    # the world-2 sharded_15 resumes in one process (fsdp falls back to single; DCP re-shards)
+    # the world-2 sharded_15 resumes in one process (DCP re-shards)
     torch.set_num_threads(1)
-    single = Trainer(load_config(_opts(str(tmp_path / "single"))))
+    one = ("distributed.strategy=single", "distributed.sharded_checkpoint=false")
+    single = Trainer(load_config(_opts(str(tmp_path / "single"), *one)))
     single.fit()
-    w1 = Trainer(load_config(_opts(str(tmp_path / "w1"), "checkpoint.resume_file="
+    w1 = Trainer(load_config(_opts(str(tmp_path / "w1"), *one, "checkpoint.resume_file="
                                    f"{tmp_path / 'full' / 'save' / 'checkpoints' / 'sharded_15'}")))
     assert w1.update == 15
     w1.fit()

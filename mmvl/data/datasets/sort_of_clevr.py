@@ -20,7 +20,6 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ import torch
 from omegaconf import DictConfig
 from torch.utils.data import Dataset
 
+from mmvl.checkpoint import make_temp_dir
 from mmvl.config.access import config_value
 from mmvl.config.components import build_component, component_spec
 from mmvl.data.base import DatasetBuilder
@@ -208,7 +208,7 @@ class SortOfClevrBuilder(DatasetBuilder):
         if (self.root / "meta.json").is_file():
             return
         self.root.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=self.root.parent))
+        tmp = make_temp_dir(self.root.parent)
         try:
             p = self.params
             bg = 255 if p["background"] == "white" else 0

@@ -55,7 +55,7 @@ class LMDBFeatureWriter:
         shutil.rmtree(self.tmp, ignore_errors=True)
         os.makedirs(self.tmp)
         self.env = _lmdb().open(self.tmp, map_size=int(map_size or 1 << 30), subdir=True, meminit=False,
-                                map_async=True, sync=False)
+                                map_async=True, sync=False, mode=0o666)  # files as open() makes them
         self.commit_bytes = commit_bytes
         self._pending: list[tuple[bytes, bytes]] = []
         self._pending_bytes = 0

@@ -1,7 +1,6 @@
 """Strategies, registered by name in ``mmvl.registry.STRATEGIES``, and ``build_strategy``."""
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import torch
@@ -14,8 +13,6 @@ from mmvl.distributed.strategies import ddp, dp, fsdp, single, zero_fairscale, z
 from mmvl.distributed.strategies.base import Strategy
 from mmvl.errors import UserError
 from mmvl.registry import STRATEGIES
-
-log = logging.getLogger(__name__)
 
 __all__ = ["Strategy", "build_strategy", "resolve_strategy_name"]
 
@@ -47,11 +44,13 @@ def resolve_strategy_name(config: Any, env: DistEnv) -> str:
 
 
 def build_strategy(config: Any, env: DistEnv) -> Strategy:
-    """The strategy the run uses; a process-group strategy at world size 1 becomes ``single``."""
+    """The strategy the run uses. One that needs a process group, named in a run of one process
+    without one, is a UserError: training unwrapped instead is not what the user asked for."""
     name = resolve_strategy_name(config, env)
     cls = STRATEGIES.get(name)
-    if getattr(cls, "needs_process_group", False) and (env.world_size <= 1 or not comm.is_initialized()):
-        log.warning("distributed.strategy=%s needs several processes; running one process unwrapped "
-                    "(checkpoints stay interchangeable).", name)
-        cls = STRATEGIES.get("single")
+    if getattr(cls, "needs_process_group", False) and env.world_size <= 1 and not comm.is_initialized():
+        raise UserError(
+            f"distributed.strategy={name} needs several processes but this run is one process; set "
+            "distributed.world_size=<N> (mmvl_run then starts N processes) or start it with torchrun/srun, "
+            "or use distributed.strategy=single (checkpoints are interchangeable).")
     return cls(config, env)

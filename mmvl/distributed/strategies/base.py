@@ -21,7 +21,7 @@ class Strategy:
     """Base strategy: one process, one device, nothing wrapped."""
 
     name = "single"
-    #: needs an initialised process group (``build_strategy`` falls back to single without one)
+    #: needs an initialised process group (``build_strategy`` refuses it in a run of one process)
     needs_process_group = False
     #: applies activation checkpointing itself (the engine then skips ``model.enable_gradient_checkpointing``)
     handles_gradient_checkpointing = False
@@ -119,11 +119,27 @@ class Strategy:
         """True when each rank writes its own part of a checkpoint (``save_sharded_state``)."""
         return False
 
+    # Sharded state: each rank's own part of the model and optimizer state dicts, written and
+    # read through torch.distributed.checkpoint (DCP). Where the directory is and when it counts
+    # as complete (the marker, the rest of the checkpoint) is mmvl.checkpoint's business.
+    def _dcp_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+        module = self.unwrap(model)
+        state = {"model": get_model_state_dict(module)}
+        if optimizer is not None:
+            state["optimizer"] = get_optimizer_state_dict(module, optimizer)
+        return state
+
     def save_sharded_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
-                           directory: str, extra: dict[str, Any] | None = None) -> None:
-        """Every rank writes its shard of model+optimizer state under ``directory``; rank 0 adds
-        ``extra`` (the rest of the checkpoint) and then the completion marker."""
-        raise NotImplementedError(f"strategy {self.name!r} writes full checkpoints only")
+                           directory: str) -> None:
+        """Every rank writes its part of the model (and optimizer) state into ``directory`` (DCP;
+        a collective when a process group is up). Replicated state is written once."""
+        import torch.distributed.checkpoint as dcp
+
+        with warnings.catch_warnings():  # one process without a group is intended here, not a mistake
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.save(self._dcp_state(model, optimizer), checkpoint_id=directory)
 
     def can_load_sharded(self, optimizer: torch.optim.Optimizer | None) -> bool:
         """Whether :meth:`load_sharded_state` works here: DCP needs torch's own optimizer state
@@ -132,26 +148,19 @@ class Strategy:
 
     def load_sharded_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
                            directory: str) -> None:
-        """Every rank reads the parts it needs (DCP re-shards: any world size, FSDP or replicated).
-
-        A collective when a process group is up: call it on every rank.
-        """
+        """Every rank reads the parts it needs (DCP re-shards: any world size, FSDP or replicated);
+        ``optimizer=None`` loads the model only. A collective when a process group is up."""
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
-                                                             set_model_state_dict, set_optimizer_state_dict)
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
-        from mmvl.checkpoint import check_sharded_complete
         from mmvl.errors import UserError
 
         if not self.can_load_sharded(optimizer):
             raise UserError(f"checkpoint {directory!r} is sharded (DCP) and distributed.strategy={self.name} "
                             "cannot load it; resume it with distributed.strategy=fsdp, ddp or single.")
-        check_sharded_complete(directory)
         module = self.unwrap(model)
-        state = {"model": get_model_state_dict(module)}
-        if optimizer is not None:
-            state["optimizer"] = get_optimizer_state_dict(module, optimizer)
-        with warnings.catch_warnings():  # one process without a group is intended here, not a mistake
+        state = self._dcp_state(model, optimizer)
+        with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
             dcp.load(state, checkpoint_id=directory)
         set_model_state_dict(module, state["model"])

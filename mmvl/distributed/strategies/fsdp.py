@@ -3,14 +3,12 @@
 ``model.shard_units()`` (e.g. transformer layers) are sharded one by one, then
 the root. Parameters become DTensors, so the optimizer is rebuilt on them.
 Full checkpoints use the plain torch format (integer-indexed optimizer state),
-so they load under any strategy and world size; the sharded form goes through
-``torch.distributed.checkpoint`` (DCP) and re-shards on load.
+so they load under any strategy and world size; the sharded form (each rank's
+part, through ``torch.distributed.checkpoint`` in the base class) re-shards on load.
 """
 from __future__ import annotations
 
 import contextlib
-import os
-from pathlib import Path
 from typing import Any, Iterator
 
 import torch
@@ -157,40 +155,3 @@ class FSDPStrategy(Strategy):
     @property
     def sharded_checkpoint(self) -> bool:
         return bool(config_value(self.config, "distributed.sharded_checkpoint", False))
-
-    def _sharded(self, model, optimizer) -> dict[str, Any]:
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
-
-        state = {"model": get_model_state_dict(model)}
-        if optimizer is not None:
-            state["optimizer"] = get_optimizer_state_dict(model, optimizer)
-        return state
-
-    def save_sharded_state(self, model, optimizer, directory: str,
-                           extra: dict[str, Any] | None = None) -> None:
-        """Every rank writes its part; rank 0 writes ``extra`` as ``state.ckpt`` and marks the directory
-        complete only after all parts are on disk.
-
-        A run killed mid-save (any rank) leaves a directory without the marker, which
-        :meth:`load_sharded_state` refuses and ``CheckpointManager.latest_sharded`` skips. A
-        failure on rank 0 is raised on every rank (no rank waits for it).
-        """
-        import torch.distributed.checkpoint as dcp
-
-        from mmvl.checkpoint import SHARDED_MARKER, SHARDED_STATE, atomic_save, mark_sharded_complete
-        from mmvl.distributed import comm
-        from mmvl.distributed.comm import on_main_agreed
-
-        def prepare() -> None:  # re-saving into a directory: it is incomplete until the end
-            os.makedirs(directory, exist_ok=True)
-            Path(directory, SHARDED_MARKER).unlink(missing_ok=True)
-
-        def finish() -> None:
-            if extra is not None:
-                atomic_save(extra, Path(directory, SHARDED_STATE))
-            mark_sharded_complete(directory, world_size=self.env.world_size)
-
-        on_main_agreed(prepare, f"prepare {directory}")
-        dcp.save(self._sharded(model, optimizer), checkpoint_id=directory)
-        comm.synchronize()  # every rank's part is on disk
-        on_main_agreed(finish, f"complete {directory}")

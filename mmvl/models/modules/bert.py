@@ -106,11 +106,24 @@ def require_num_labels(cfg: dict[str, Any], model: str) -> int:
 
 
 def bidirectional_mask(bert: nn.Module, embeddings: torch.Tensor, mask: torch.Tensor) -> Any:
-    """The attention mask argument ``bert.encoder`` expects, across transformers 4 and 5."""
+    """The attention mask argument ``bert.encoder`` expects (``mask``: B x L, 1 = attend).
+
+    A prepared 4-D mask (B x 1 x 1 x L), built from shapes and arithmetic only:
+    transformers 5's own helper checks ``mask.all()`` on every forward (to drop the
+    mask when nothing is padded), which makes the host wait for the device. sdpa takes
+    it boolean (True: attend), eager as an additive 0 / dtype-min bias; other attention
+    implementations (flash, flex) get transformers' form.
+    """
     try:
         from transformers.masking_utils import create_bidirectional_mask
-    except ImportError:  # transformers 4.x
+    except ImportError:  # transformers 4.x: an additive 4-D mask, also built without reading values
         return bert.get_extended_attention_mask(mask, mask.shape)
+    implementation = getattr(bert.config, "_attn_implementation", None)
+    keep = mask[:, None, None, :].to(device=embeddings.device, dtype=torch.bool)
+    if implementation == "sdpa":
+        return keep
+    if implementation == "eager":
+        return (~keep).to(embeddings.dtype) * torch.finfo(embeddings.dtype).min
     return create_bidirectional_mask(config=bert.config, inputs_embeds=embeddings, attention_mask=mask)
 
 

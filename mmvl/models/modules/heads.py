@@ -77,8 +77,13 @@ class PretrainingHeads(nn.Module):
 
     def masked_lm_loss(self, text_hidden: torch.Tensor, labels: torch.Tensor,
                        word_embeddings: torch.Tensor) -> torch.Tensor:
-        """Mean cross entropy over the selected tokens only (0 when a batch selected none, never NaN)."""
-        selected = labels.ne(IGNORE_INDEX)
-        logits = self.mlm(text_hidden[selected], word_embeddings)
-        total = F.cross_entropy(logits.float(), labels[selected].long(), reduction="sum")
-        return total / selected.sum().clamp(min=1)
+        """Mean cross entropy over the selected tokens only (0 when a batch selected none, never NaN).
+
+        Every text token is scored and the unselected ones are ignored by the loss: picking
+        the selected ones first (boolean indexing) would make the host wait for the device
+        to count them on every update. (BERT's own pretraining head scores every token too.)
+        """
+        logits = self.mlm(text_hidden, word_embeddings)
+        total = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten().long(),
+                                ignore_index=IGNORE_INDEX, reduction="sum")
+        return total / labels.ne(IGNORE_INDEX).sum().clamp(min=1)

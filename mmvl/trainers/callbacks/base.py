@@ -1,10 +1,16 @@
 """Callbacks: the named hooks the training loop calls, in list order.
 
 Hooks (all optional): ``on_train_start``, ``on_update_start``,
-``on_update_end(info)``, ``on_evaluation_end(split, results)``,
-``on_train_end``. ``state_dict``/``load_state_dict`` put a callback's state in
-the checkpoint under its class name. Every rank calls every hook; a callback
-that writes files checks ``trainer.engine.is_main_process``.
+``on_update_end(info)``, ``on_evaluation_end(split, results)``, ``on_log(event)``,
+``on_train_end``. ``on_log`` receives every event the logging callback writes to
+``metrics.jsonl`` (a train event every ``log_interval`` with losses, lr, throughput,
+MFU and memory; one event per evaluated dataset): the place for other sinks
+(TensorBoard, a progress display). ``state_dict``/``load_state_dict`` put a
+callback's state in the checkpoint under its class name. Every rank calls every
+hook with the same values; a callback that writes files checks
+``trainer.engine.is_main_process``. Callbacks talk to each other only through the
+Trainer's declared state and methods (``should_stop``, ``is_best``,
+``save_checkpoint()``, ...), never by looking each other up.
 """
 from __future__ import annotations
 
@@ -22,6 +28,8 @@ class Callback:
     def on_update_end(self, info: dict[str, Any]) -> None: ...
 
     def on_evaluation_end(self, split: str, results: dict[str, dict[str, float]]) -> None: ...
+
+    def on_log(self, event: dict[str, Any]) -> None: ...
 
     def on_train_end(self) -> None: ...
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from mmvl.errors import UserError, did_you_mean
 from mmvl.registry import register_callback
+from mmvl.runs import resolve_metric
 from mmvl.trainers.callbacks.base import Callback
 
 
@@ -23,26 +23,16 @@ class EarlyStopCallback(Callback):
         self.minimize = cfg.get("minimize")
         self.best_value: float | None = None
         self.best_update: int | None = None
+        self.loss_names = {name for name, _ in trainer.losses}  # never the default criterion
         trainer.is_best = False
 
+    def on_update_end(self, info: dict[str, Any]) -> None:
+        self.loss_names.update(info["losses"])  # with the losses a model returns itself
+
     def _value(self, results: dict[str, dict[str, float]]) -> tuple[str, float]:
-        name = self.criteria
-        if not name:
-            dataset = next(iter(results))
-            metric = next((k for k in results[dataset] if k not in ("total_loss",)
-                           and "/" not in k and not k.endswith("loss")), "total_loss")
-            name = f"{dataset}/{metric}"
-        dataset, _, metric = str(name).rpartition("/")
-        if dataset not in results:  # bare metric name, or metric names with slashes
-            dataset = next((d for d in results if str(name).startswith(d + "/")), None)
-            metric = str(name)[len(dataset) + 1:] if dataset else str(name)
-            dataset = dataset or next(iter(results))
-        values = results[dataset]
-        if metric not in values:
-            raise UserError(
-                f"training.early_stop.criteria={name!r} is not among the evaluation results "
-                f"of {dataset!r}.{did_you_mean(metric, values)} Available: {', '.join(values)}.")
-        return f"{dataset}/{metric}", float(values[metric])
+        dataset, metric = resolve_metric(self.criteria, results, "training.early_stop.criteria",
+                                         self.loss_names)
+        return f"{dataset}/{metric}", float(results[dataset][metric])
 
     def on_evaluation_end(self, split: str, results: dict[str, dict[str, float]]) -> None:
         if split != "val":

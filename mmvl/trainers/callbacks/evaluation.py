@@ -9,10 +9,14 @@ from mmvl.trainers.callbacks.base import Callback
 
 @register_callback("evaluation")
 class EvaluationCallback(Callback):
+    def __init__(self, trainer: Any, **params: Any):
+        super().__init__(trainer)
+        config = trainer.config
+        self.interval = int(config.training.evaluation_interval or 0)
+        self.enabled = "val" in str(config.run_type) or bool(config.training.early_stop.enabled)
+
     def on_update_end(self, info: dict[str, Any]) -> None:
         t = self.trainer
-        interval = int(t.config.training.evaluation_interval or 0)
-        if "val" not in str(t.config.run_type) and not t.config.training.early_stop.enabled:
-            return
-        if (interval > 0 and t.update % interval == 0) or t.update >= t.max_updates:
+        if self.enabled and ((self.interval > 0 and t.update % self.interval == 0)
+                             or t.update >= t.max_updates):
             t.evaluate("val")

@@ -1,10 +1,21 @@
-"""Progress bar, a log line every ``log_interval``, and ``metrics.jsonl`` (rank 0 only)."""
+"""Progress bar, a log line every ``log_interval``, and ``metrics.jsonl`` (rank 0 only).
+
+Each train event holds the interval's mean losses, the lr, samples/s, tokens/s,
+MFU (when the device's peak FLOP/s is known: ``training.peak_tflops`` or the table
+in :mod:`mmvl.utils.flops`) and peak memory (CUDA: allocated by tensors, reset every
+interval; CPU: the process's peak resident size). The FLOPs per sample are counted
+once, on the first update. Every event carries ``wall_s``: the run's wall time so far
+(training and evaluation, summed over resumed segments, downtime excluded). Every event is
+handed to the callbacks' ``on_log`` (TensorBoard, curves), so the train event's collective
+runs once.
+"""
 from __future__ import annotations
 
 import json
 import logging
 import os
 import resource
+import sys
 import time
 from typing import Any
 
@@ -12,9 +23,9 @@ import torch
 from tqdm import tqdm
 
 from mmvl.distributed import comm
-from mmvl.optim import base_lr
 from mmvl.registry import register_callback
 from mmvl.trainers.callbacks.base import Callback
+from mmvl.utils.flops import mfu, peak_flops
 
 log = logging.getLogger("mmvl")
 
@@ -27,32 +38,45 @@ class LoggingCallback(Callback):
         self.interval = max(1, int(trainer.config.training.log_interval or 1))
         self.path = os.path.join(str(trainer.config.env.save_dir), "metrics.jsonl")
         self.bar: tqdm | None = None
+        t = trainer.config.training
+        self.peak = peak_flops(trainer.engine.device, trainer.engine.precision, t.get("peak_tflops"))
+        self.flops_per_sample: float | None = None
+        self.wall_before, self.wall_start = 0.0, time.perf_counter()  # wall_s of earlier segments
         self._reset_window()
 
     def _reset_window(self) -> None:
-        self.sums: dict[str, torch.Tensor] = {}
-        self.count, self.samples, self.start = 0, 0, time.perf_counter()
+        self.window: list[dict[str, torch.Tensor]] = []  # each update's losses (and grad norm): device tensors
+        self.samples, self.tokens, self.start = 0, 0, time.perf_counter()
+        self.restart_clock = False
+        if self.trainer.engine.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.trainer.engine.device)
 
     def write(self, event: dict[str, Any]) -> None:
-        if not self.main:
-            return
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(event) + "\n")
+        """Append ``event`` to metrics.jsonl (rank 0) and hand it to every callback's ``on_log``."""
+        event["wall_s"] = round(self.wall_before + time.perf_counter() - self.wall_start, 3)
+        if self.main:
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(event) + "\n")
+        self.trainer.call("on_log", event)
 
     def on_train_start(self) -> None:
         t = self.trainer
-        if self.main and t.config.training.get("progress_bar", True):
+        # a bar only on a terminal: in a file (a SLURM log) its \r frames are noise, and the
+        # log lines below say the same (update/total, loss, speed, time left)
+        if self.main and t.config.training.get("progress_bar", True) and sys.stderr.isatty():
             self.bar = tqdm(total=t.max_updates, initial=t.update, desc="train", unit="upd",
                             dynamic_ncols=True, leave=False)
         self._reset_window()
 
     def on_update_end(self, info: dict[str, Any]) -> None:
-        for k, v in info["losses"].items():
-            self.sums[k] = self.sums.get(k, 0.0) + v
-        self.count += 1
-        self.samples += info["samples"]
+        if self.flops_per_sample is None and self.trainer.flops.total:  # counted on the first update
+            self.flops_per_sample = self.trainer.flops.total * self.trainer.env.world_size / info["samples"]
+        values = info["losses"]  # kept as they are: the means are taken at the log interval
         if info.get("grad_norm") is not None:
-            self.sums["grad_norm"] = self.sums.get("grad_norm", 0.0) + info["grad_norm"].float()
+            values = {**values, "grad_norm": info["grad_norm"]}
+        self.window.append(values)
+        self.samples += info["samples"]
+        self.tokens += info.get("tokens", 0)
         if self.bar is not None:
             self.bar.update(1)
         t = self.trainer
@@ -61,22 +85,32 @@ class LoggingCallback(Callback):
 
     def _log(self, info: dict[str, Any]) -> None:
         t = self.trainer
-        means = comm.reduce_dict({k: torch.as_tensor(v) / self.count for k, v in self.sums.items()})
-        elapsed = time.perf_counter() - self.start
+        keys = dict.fromkeys(k for values in self.window for k in values)  # datasets may differ in losses
+        means = comm.reduce_dict({k: torch.stack([v[k].float() for v in self.window if k in v]).mean()
+                                  for k in keys})
+        elapsed = max(time.perf_counter() - self.start, 1e-9)
+        samples_per_s = self.samples / elapsed
+        util = mfu(self.flops_per_sample, samples_per_s, self.peak, t.env.world_size)
         event = {"update": t.update, "epoch": t.epoch, "split": "train",
                  **{k: float(v) for k, v in means.items()},
-                 "lr": info.get("lr", base_lr(t.optimizer)),
-                 "samples_per_s": round(self.samples / max(elapsed, 1e-9), 2),
-                 "s_per_update": round(elapsed / self.count, 4),
+                 "lr": info["lr"], "samples_per_s": round(samples_per_s, 2),
+                 "s_per_update": round(elapsed / len(self.window), 4),
                  "peak_mem_mb": round(_peak_memory_mb(t.engine.device), 1)}
-        self.write(event)
+        if self.tokens:
+            event["tokens_per_s"] = round(self.tokens / elapsed, 1)
+        if util is not None:
+            event["mfu"] = round(util, 4)
         if self.main:
             if self.bar is not None:
                 self.bar.set_postfix(loss=f"{event['total_loss']:.4f}", refresh=False)
-            log.info("update %d/%d | epoch %d | loss %.4f | lr %.3g | %.1f samples/s | "
-                     "%.3f s/update | peak mem %.0f MB", t.update, t.max_updates, t.epoch,
-                     event["total_loss"], event["lr"], event["samples_per_s"],
-                     event["s_per_update"], event["peak_mem_mb"])
+            extra = (f" | {event['tokens_per_s']:.0f} tokens/s" if self.tokens else "") + \
+                (f" | MFU {100 * util:.1f}%" if util is not None else "")
+            log.info("update %d/%d | epoch %d | loss %.4f | lr %.3g | %.1f samples/s%s | "
+                     "%.3f s/update | peak mem %.0f MB | eta %s", t.update, t.max_updates, t.epoch,
+                     event["total_loss"], event["lr"], event["samples_per_s"], extra,
+                     event["s_per_update"], event["peak_mem_mb"],
+                     _clock(event["s_per_update"] * (t.max_updates - t.update)))
+        self.write(event)
         self._reset_window()
 
     def on_evaluation_end(self, split: str, results: dict[str, dict[str, float]]) -> None:
@@ -87,12 +121,28 @@ class LoggingCallback(Callback):
             if self.main:
                 shown = " | ".join(f"{k} {v:.4f}" for k, v in values.items())
                 log.info("%s %s @ update %d | %s", split, dataset, t.update, shown)
-        self.start = time.perf_counter()  # evaluation time is not training throughput
+        self.restart_clock = True  # evaluation (and what follows it) is not training throughput
+
+    def on_update_start(self) -> None:
+        if self.restart_clock:
+            self.start, self.restart_clock = time.perf_counter(), False
 
     def on_train_end(self) -> None:
         if self.bar is not None:
             self.bar.close()
             self.bar = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"wall_s": self.wall_before + time.perf_counter() - self.wall_start}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.wall_before, self.wall_start = float(state.get("wall_s", 0.0)), time.perf_counter()
+
+
+def _clock(seconds: float) -> str:
+    """``h:mm:ss``, as the progress bar shows time left."""
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
 def _peak_memory_mb(device: torch.device) -> float:

@@ -1,9 +1,13 @@
 """Checkpoint and stop on SIGTERM/SIGUSR1 (SLURM's warning signal, ``--signal=USR1@90``).
 
-The handler only sets a flag; after each update every rank learns whether any
-rank was signalled (one tiny all-reduce), so all ranks finish the same update,
-save one checkpoint together and stop. Under SLURM with
-``checkpoint.slurm_requeue=true`` rank 0 then requeues the job.
+The handler only sets a flag. One process reads it after every update (a Python
+value: no device involved). Several processes must agree on the update at which
+they stop, without a collective that waits on every update: every
+``training.preemption_check_interval`` updates each rank starts an all-reduce (max)
+of its flag on the communication device and reads the one it started at the
+previous check, which finished long ago. So every rank stops at the same update, at
+most two intervals after the signal, saves one checkpoint together and stops. Under
+SLURM with ``checkpoint.slurm_requeue=true`` rank 0 then requeues the job.
 """
 from __future__ import annotations
 
@@ -13,8 +17,8 @@ import signal
 import subprocess
 from typing import Any
 
-import torch
-
+from mmvl.distributed.comm import AsyncMax
+from mmvl.errors import UserError
 from mmvl.registry import register_callback
 from mmvl.trainers.callbacks.base import Callback
 
@@ -28,6 +32,12 @@ class PreemptionCallback(Callback):
         super().__init__(trainer)
         self.received: int | None = None
         self._previous: dict[int, Any] = {}
+        interval = trainer.config.training.get("preemption_check_interval")
+        self.interval = 1 if interval is None else int(interval)
+        if self.interval < 1:
+            raise UserError(f"training.preemption_check_interval={self.interval} must be >= 1 (updates "
+                            "between two checks of a preemption signal across the ranks).")
+        self._pending: AsyncMax | None = None
 
     def _handler(self, signum: int, frame: Any) -> None:
         self.received = signum
@@ -39,20 +49,26 @@ class PreemptionCallback(Callback):
             except ValueError:  # not the main thread: signals cannot be caught here
                 return
 
+    def _agreed_signal(self) -> int:
+        """The signal any rank received before the previous check (0: none); same on every rank."""
+        t = self.trainer
+        if t.env.world_size == 1:
+            return int(self.received or 0)
+        if t.update % self.interval:
+            return 0
+        signum = self._pending.result() if self._pending is not None else 0
+        self._pending = None if signum else AsyncMax(int(self.received or 0))
+        return signum
+
     def on_update_end(self, info: dict[str, Any]) -> None:
-        if self.trainer.env.world_size == 1 and not self.received:
-            return
-        flag = torch.tensor([float(self.received or 0)])
-        if self.trainer.env.world_size > 1:
-            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-        if not flag.item():
+        signum = self._agreed_signal()
+        if not signum:
             return
         t = self.trainer
-        name = signal.Signals(int(flag.item())).name
+        name = signal.Signals(signum).name
         log.warning("Received %s: saving a checkpoint at update %d and stopping.", name, t.update)
-        checkpoint = next(c for c in t.callbacks if type(c).__name__ == "CheckpointCallback")
-        if checkpoint.saved_at != t.update:
-            checkpoint.save()
+        if t.last_saved != t.update:
+            t.save_checkpoint()
         t.should_stop = True
         t.preempted = name
         if (t.config.checkpoint.get("slurm_requeue") and "SLURM_JOB_ID" in os.environ
@@ -65,6 +81,9 @@ class PreemptionCallback(Callback):
                 log.error("scontrol requeue %s failed: %s", job, result.stderr.strip())
 
     def on_train_end(self) -> None:
+        if self._pending is not None:  # every rank started it: finish it before other collectives
+            self._pending.result()
+            self._pending = None
         for sig, previous in self._previous.items():
             signal.signal(sig, previous)
         self._previous.clear()

@@ -164,3 +164,12 @@ def test_meta_records_params(tmp_path):
     b.prepare()
     meta = json.loads((b.root / "meta.json").read_text())
     assert meta["params"]["seed"] == 3 and meta["answers"] == ANSWERS
+
+
+def test_generated_folder_follows_the_umask(tmp_path, umask):
+    """Teammates can read a shared data folder: not mkdtemp's 0700."""
+    from tests.fixtures.modes import tree, wrong_modes
+
+    one = builder(tmp_path)
+    one.prepare()
+    assert wrong_modes(tree(one.root), umask) == []

@@ -268,3 +268,11 @@ def test_parse_size():
     assert parse_size("64G") == 64 << 30 and parse_size("512m") == 512 << 20 and parse_size(1024) == 1024
     with pytest.raises(UserError, match="--map-size"):
         parse_size("lots")
+
+
+def test_store_files_follow_the_umask(tmp_path, umask):
+    from tests.fixtures.modes import tree, wrong_modes
+
+    with LMDBFeatureWriter(tmp_path / "f.lmdb") as writer:
+        writer.put("a", np.zeros((2, 4), np.float32))
+    assert wrong_modes(tree(tmp_path / "f.lmdb"), umask) == []

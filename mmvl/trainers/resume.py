@@ -1,0 +1,251 @@
+"""How a run continues from a checkpoint, and when it must not do so silently.
+
+``checkpoint.resume`` (auto | true | false) and ``checkpoint.resume_file`` pick a checkpoint
+(:meth:`mmvl.checkpoint.CheckpointManager.choose_resume`). A training run resumes it only
+under the config it was saved with: keys in :data:`RESUME_SAFE_KEYS` (how long, how often,
+where, how fast, how it is logged) may differ; any other difference stops the run with one
+line listing the keys, unless ``checkpoint.reset.{optimizer,scheduler,counts}`` says to take
+the weights on under the new settings. ``checkpoint.resume=false`` starts over and moves the
+old checkpoints aside. ``checkpoint.resume_pretrained`` copies only model weights (through
+``checkpoint.pretrained_state_mapping``) into the model before it is wrapped.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import OmegaConf
+
+from mmvl.checkpoint import SHARDED_STATE, apply_state_mapping, canonical_key, check_sharded_complete, \
+    load_model_state, safe_load
+from mmvl.distributed.comm import all_ranks_agreed, on_main_agreed
+from mmvl.errors import UserError
+from mmvl.optim import adopt_config_hyperparameters
+
+log = logging.getLogger("mmvl")
+
+#: Config keys whose change cannot alter what a run computed so far: resuming under a config
+#: that differs only here continues silently. A dotted key, or ``prefix.*`` for a whole section.
+RESUME_SAFE_KEYS = (
+    # how long, and how often it logs, evaluates and saves
+    "training.max_updates", "training.max_epochs", "training.log_interval",
+    "training.evaluation_interval", "training.checkpoint_interval",
+    # how fast data is loaded
+    "training.num_workers", "training.pin_memory", "training.persistent_workers",
+    # logging and hooks that observe or stop the loop
+    "training.progress_bar", "training.callbacks", "training.early_stop.*",
+    "training.exit_on_nan",
+    # where it runs: device, processes, launcher, how the work is spread
+    "training.device", "distributed.*",
+    # what is done after (evaluation, predictions) and how checkpoints are kept and resumed
+    "run_type", "evaluation.*", "checkpoint.*",
+    # paths
+    "env.*",
+)
+RESETS = ("optimizer", "scheduler", "counts")
+
+
+def is_safe_key(key: str) -> bool:
+    return any(key == p or (p.endswith(".*") and key.startswith(p[:-1])) for p in RESUME_SAFE_KEYS)
+
+
+def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(tree, Mapping) and tree:
+        out: dict[str, Any] = {}
+        for key, value in tree.items():
+            out.update(_flatten(value, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: tree}
+
+
+def config_changes(old: Mapping[str, Any], new: Mapping[str, Any],
+                   defaults: Mapping[str, Any] | None = None) -> list[tuple[str, Any, Any]]:
+    """``(key, old, new)`` for every key outside :data:`RESUME_SAFE_KEYS` whose value differs.
+
+    A key the old config lacks (saved by an mmvl without it) counts as changed only when its
+    new value differs from ``defaults`` (the shipped default); a key only the old one has is
+    ignored (dropped from mmvl).
+    """
+    before, after = _flatten(old), _flatten(new)
+    shipped = _flatten(defaults or {})
+    changes = []
+    for key in sorted(after):
+        if is_safe_key(key):
+            continue
+        if key in before:
+            if before[key] != after[key]:
+                changes.append((key, before[key], after[key]))
+        elif key not in shipped or shipped[key] != after[key]:
+            changes.append((key, "(unset)", after[key]))
+    return changes
+
+
+def _shipped_defaults() -> dict[str, Any]:
+    from mmvl.config.files import read_yaml
+    from mmvl.config.load import config_root
+
+    try:
+        return read_yaml(config_root() / "defaults.yaml", "Defaults file")
+    except UserError:
+        return {}
+
+
+def _describe(changes: list[tuple[str, Any, Any]], limit: int = 8) -> str:
+    shown = ", ".join(f"{k} ({o!r} -> {n!r})" for k, o, n in changes[:limit])
+    return shown + (f" and {len(changes) - limit} more" if len(changes) > limit else "")
+
+
+def check_resume_config(state: Mapping[str, Any], config: Any, path: str, resets: list[str],
+                        announce: bool = True) -> None:
+    """Refuse to resume ``state`` under a config that differs outside the safe keys, unless a
+    reset switch takes the weights on under the new settings (then ``announce`` logs them)."""
+    saved = state.get("config")
+    if not isinstance(saved, Mapping):
+        log.info("%s holds no config; resuming without comparing configs", path)
+        return
+    changes = config_changes(saved, OmegaConf.to_container(config, resolve=True), _shipped_defaults())
+    if not changes:
+        return
+    if resets:
+        if announce:
+            log.warning("Resuming the weights of %s under changed settings (checkpoint.reset.%s): %s",
+                        path, "/".join(resets), _describe(changes))
+        return
+    save_dir = str(config.env.save_dir)
+    raise UserError(
+        f"the config differs from the one {path} was saved with: {_describe(changes)}. Choose: a new "
+        f"env.save_dir; or checkpoint.resume=false to start over (the old checkpoints are moved to "
+        f"{save_dir}/previous/<date>/); or checkpoint.reset.optimizer/scheduler/counts=true to resume "
+        "the weights under the new settings.")
+
+
+def apply_resets(state: dict[str, Any], resets: list[str]) -> dict[str, Any]:
+    """The checkpoint without what ``checkpoint.reset.*`` starts afresh: the optimizer state, the
+    scheduler state, or the counters (update, data position, callback state)."""
+    state = dict(state)
+    if "optimizer" in resets:
+        state.pop("optimizer", None)
+    if "scheduler" in resets:
+        state.pop("scheduler", None)
+    if "counts" in resets:
+        state["trainer"] = {**state["trainer"], "update": 0}
+        state.pop("data", None)
+        state.pop("callbacks", None)
+    return state
+
+
+def resume(trainer: Any) -> str | None:
+    """Resume ``trainer`` in full from the checkpoint ``checkpoint.*`` asks for; returns its path.
+
+    Rank 0 chooses (full file or complete sharded directory, whichever is newest) and
+    broadcasts the choice; every rank then checks that it can read it and all agree
+    before any collective load.
+    """
+    ck, engine = trainer.config.checkpoint, trainer.engine
+    training = "train" in str(trainer.config.run_type)
+    pretrained = bool(ck.get("resume_pretrained"))
+    resets = [name for name in RESETS if (ck.get("reset") or {}).get(name)]
+
+    def choose() -> str | None:
+        found = trainer.checkpoints.choose_resume(
+            ck.get("resume", False), ck.get("resume_file"), bool(ck.get("resume_best")), pretrained,
+            engine.can_load_sharded(None if "optimizer" in resets else trainer.optimizer))
+        if found is None and training and str(ck.get("resume")).lower() == "false":
+            moved = trainer.checkpoints.move_aside()
+            if moved is not None:
+                log.info("checkpoint.resume=false: moved the previous checkpoints and metrics to %s", moved)
+        return None if found is None else str(found)
+
+    path = on_main_agreed(choose, "choose the checkpoint to resume from")
+    if path is None:
+        return None
+    sharded = Path(path).is_dir()
+    state, problem = None, None
+    try:
+        if sharded:
+            check_sharded_complete(path)
+            state = safe_load(Path(path, SHARDED_STATE), expect_keys=("trainer",))
+        else:
+            state = safe_load(path)
+        if training:
+            check_resume_config(state, trainer.config, path, resets, announce=trainer.env.is_main_process)
+    except UserError as e:
+        problem = str(e)
+    all_ranks_agreed(problem, f"resume from {path}")
+    state = apply_resets(state, resets)
+    optimizer = trainer.optimizer if "optimizer" not in resets else None
+    fresh = [{k: v for k, v in g.items() if k != "params"} for g in trainer.optimizer.param_groups]
+    if sharded:
+        engine.load_sharded(path, trainer.model, optimizer)  # collective
+    trainer.load_state_dict(state)
+    if resets:
+        adopt_config_hyperparameters(trainer.optimizer, trainer.scheduler, fresh,
+                                     kept_optimizer=optimizer is not None, kept_scheduler="scheduler" in state)
+    saved_world = int(state["trainer"].get("world_size", trainer.env.world_size))
+    if sharded and saved_world != trainer.env.world_size:
+        log.info("Re-sharded %s from %d to %d processes", path, saved_world, trainer.env.world_size)
+    log.info("Resumed from %s at update %d%s", path, trainer.update,
+             f" (reset: {', '.join(resets)})" if resets else "")
+    return path
+
+
+def load_pretrained(model: torch.nn.Module, config: Any) -> str | None:
+    """``checkpoint.resume_pretrained``: copy the model weights of ``checkpoint.resume_file`` into
+    ``model`` (single-device, before any wrapping), renamed by ``checkpoint.pretrained_state_mapping``.
+
+    Counters, optimizer and scheduler start fresh. Every rank calls this; all agree on errors:
+    a mapping prefix that matches no checkpoint key, mapped keys the model lacks, and model keys
+    left without weights (all of them without a mapping; those under a mapped model prefix with one).
+    """
+    ck = config.checkpoint
+    if not ck.get("resume_pretrained"):
+        return None
+    problem, path = None, str(ck.get("resume_file") or "")
+    try:
+        _load_pretrained(model, path, dict(ck.get("pretrained_state_mapping") or {}))
+    except UserError as e:
+        problem = str(e)
+    all_ranks_agreed(problem, "load the pretrained weights")
+    return path
+
+
+def _load_pretrained(model: torch.nn.Module, path: str, mapping: dict[str, str]) -> None:
+    if not path:
+        raise UserError("checkpoint.resume_pretrained=true needs checkpoint.resume_file=<a .ckpt file with the "
+                        "pretrained weights>.")
+    if Path(path).is_dir():
+        raise UserError(f"checkpoint.resume_pretrained reads full checkpoint files, and {path!r} is a sharded "
+                        "directory; use that run's best.ckpt or last.ckpt.")
+    state = safe_load(path, expect_keys=())
+    weights = state["model"] if isinstance(state.get("model"), Mapping) else state  # or a bare state dict
+    if not weights or not all(isinstance(v, torch.Tensor) for v in weights.values()):
+        raise UserError(f"{path} holds no model weights (neither a 'model' state dict nor a dict of tensors).")
+    names = [canonical_key(k) for k in weights]
+    unmatched = [src for src in mapping if not any(n == src.rstrip(".") or n.startswith(src.rstrip(".") + ".")
+                                                   for n in names)]
+    if unmatched:
+        prefixes = sorted({n.split(".")[0] for n in names})
+        raise UserError(f"checkpoint.pretrained_state_mapping: {unmatched} match no key of {path} "
+                        f"(its top-level prefixes: {prefixes[:10]}); fix the checkpoint prefixes.")
+    mapped = apply_state_mapping(weights, mapping)
+    model_keys = [canonical_key(k) for k in model.state_dict()]
+    unexpected = [k for k in mapped if canonical_key(k) not in set(model_keys)]
+    if unexpected:
+        raise UserError(f"after checkpoint.pretrained_state_mapping, {len(unexpected)} keys of {path} are not in "
+                        f"the model: {unexpected[:5]}; fix the mapping's model prefixes (model keys look like "
+                        f"{model_keys[:3]}).")
+    targets = [str(d or "").rstrip(".") for d in mapping.values()]
+    covered = {canonical_key(k) for k in mapped}
+    missing = [k for k in model_keys if k not in covered and (not mapping or any(
+        t and (k == t or k.startswith(t + ".")) for t in targets))]
+    if missing:
+        hint = ("to load part of the weights set checkpoint.pretrained_state_mapping={<checkpoint prefix>: "
+                "<model prefix>}" if not mapping else "map a checkpoint prefix that holds them")
+        raise UserError(f"{path} has no weights for {len(missing)} model keys {missing[:5]}; {hint}.")
+    load_model_state(model, mapped, strict=False)
+    fresh = [k for k in model_keys if k not in covered]
+    log.info("Loaded %d pretrained tensors from %s%s", len(mapped), path,
+             f"; {len(fresh)} keep their initialisation (e.g. {fresh[:3]})" if fresh else "")
