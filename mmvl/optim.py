@@ -299,6 +299,7 @@ def adopt_config_hyperparameters(optimizer: Any, scheduler: Any, fresh_groups: l
             group.update(fresh)
     if scheduler is None:
         return
+    scheduler = getattr(scheduler, "scheduler", scheduler)  # the Engine's wrapper: set the schedule itself
     if kept_scheduler and "initial_lr" in optimizer.param_groups[0]:
         scheduler.base_lrs = [group["initial_lr"] for group in optimizer.param_groups]
         if isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR):

@@ -34,9 +34,13 @@ RESUME_SAFE_KEYS = (
     "training.max_updates", "training.max_epochs", "training.log_interval",
     "training.evaluation_interval", "training.checkpoint_interval",
     # how fast data is loaded
-    "training.num_workers", "training.pin_memory", "training.persistent_workers",
+    "training.num_workers", "training.pin_memory", "training.persistent_workers", "training.prefetch",
+    # how fast the step runs (compiled kernels compute the same model) and how it is measured
+    "training.compile", "training.compile_backend", "training.profiler.*", "training.peak_tflops",
+    "training.preemption_check_interval",
     # logging and hooks that observe or stop the loop
     "training.progress_bar", "training.callbacks", "training.early_stop.*",
+    "training.tensorboard", "training.curves",
     "training.exit_on_nan",
     # where it runs: device, processes, launcher, how the work is spread
     "training.device", "distributed.*",
