@@ -40,6 +40,7 @@ def build_datasets(config: DictConfig) -> dict[str, DatasetBuilder]:
         cls = registry.DATASETS.get(name)
         ds_config = config.dataset_config.get(name) or OmegaConf.create({})
         builders[name] = cls(ds_config, str(config.env.data_dir))
+        builders[name].cache_dir = config_value(config, "env.cache_dir")
     return builders
 
 

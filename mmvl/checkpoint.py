@@ -28,6 +28,7 @@ umask (temp files from ``mkstemp`` would stay 0600).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -37,7 +38,7 @@ import shutil
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import IO, Any, Callable, Iterable, Iterator
 
 import torch
 
@@ -53,7 +54,8 @@ SHARDED_STATE = "state.ckpt"  # the rest of a trainer's checkpoint inside a shar
 _PREFIXES = ("module.", "_orig_mod.")
 
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_dir(directory: Path) -> None:
+    """Make a rename in ``directory`` durable (a no-op where folders cannot be opened)."""
     try:
         fd = os.open(directory, os.O_RDONLY)
     except OSError:  # e.g. platforms that cannot open directories
@@ -106,13 +108,21 @@ def atomic_write(path: str | os.PathLike, mode: str, write: Callable[[Any], Any]
     ``mode`` is ``"wb"`` or ``"w"`` (text is UTF-8). The file gets the permissions a plain
     ``open(path, "w")`` would (0666 minus the umask).
     """
-    def fill(tmp: Path) -> None:
-        with open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
-            write(f)
+    with atomic_open(path, mode) as f:
+        write(f)
+    return Path(path)
+
+
+@contextlib.contextmanager
+def atomic_open(path: str | os.PathLike, mode: str = "w") -> Iterator[IO[Any]]:
+    """:func:`atomic_write` for writers that produce a file piece by piece (e.g. predictions
+    during evaluation): the file of the block is fsynced and renamed over ``path`` when the
+    block ends without an error, and removed otherwise."""
+    with _replacing(Path(path)) as tmp:
+        with open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8", "newline": ""})) as f:
+            yield f
             f.flush()
             os.fsync(f.fileno())
-
-    return _replace(Path(path), fill)
 
 
 def _link_replace(src: Path, dst: Path) -> None:
@@ -131,15 +141,22 @@ def _link_replace(src: Path, dst: Path) -> None:
 
 def _replace(path: Path, fill: Any) -> Path:
     """``fill(tmp)`` a temp file beside ``path``, rename it over ``path``, fsync the folder; no temp left."""
+    with _replacing(path) as tmp:
+        fill(tmp)
+    return path
+
+
+@contextlib.contextmanager
+def _replacing(path: Path) -> Iterator[Path]:
+    """A temp file beside ``path`` to fill in the block; renamed over ``path`` on success, else removed."""
     tmp = _temp_path(path)
     try:
-        fill(tmp)
+        yield tmp
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    _fsync_dir(path.parent)
-    return path
+    fsync_dir(path.parent)
 
 
 def safe_load(path: str | os.PathLike, map_location: Any = "cpu",
@@ -332,7 +349,7 @@ class CheckpointManager:
         target.mkdir(parents=True)
         for path in moving:
             os.rename(path, target / path.name)
-        _fsync_dir(save_dir)
+        fsync_dir(save_dir)
         return target
 
     def choose_resume(self, resume: Any, resume_file: str | None = None, resume_best: bool = False,

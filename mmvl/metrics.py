@@ -1,11 +1,24 @@
-"""Registered evaluation metrics, computed once over a whole evaluation set.
+"""Registered evaluation metrics, computed by streaming over an evaluation set.
 
-Metrics such as ROC-AUC, F1 and retrieval recall are not averages of per-batch
-values, so the trainer keeps the tensors each metric needs
-(``Metric.required_keys`` from the batch, ``Metric.output_keys`` from the model
-output), joins them with :func:`concat_for_metrics`, gathers them across ranks
-and calls every metric once: ``metric(batch, output) -> {name: float}``.
-``update``/``compute``/``reset`` wrap the same thing for streaming use.
+A metric never keeps a batch x classes matrix for the whole split. Each batch is
+reduced at once to what the metric needs: counts (accuracy, F1), one value per
+sample (VQA accuracy: the soft score of the predicted answer; ROC-AUC: the positive
+probability and the label) or a fixed-size summary (retrieval recall: each caption's
+rank and, per image, its best caption score and the gallery's top scores).
+
+The contract (see :mod:`mmvl.registry`): ``reset()``; ``update(batch, output)`` for
+every batch, with only the samples this rank owns (the evaluation drops a distributed
+sampler's padded duplicates first); ``sync()`` on every rank, which combines the ranks'
+states (sums are all-reduced, per-sample values gathered in dataset order); and
+``compute() -> {name: float}``. ``metric(batch, output)`` runs all of it on one whole
+set (no sync). States are declared with :meth:`Metric.add`: ``sum``, ``max`` and
+``topk`` tensors, ``cat`` (per-sample tensors or lists) and ``counter`` (a dict of
+counts, e.g. per group).
+
+Metrics written against the earlier contract (a subclass that implements only
+``compute_metric(batch, output)`` over the whole set) keep working: the default
+``update`` keeps their ``required_keys``/``output_keys`` for the whole split (memory
+grows with the split, as it did) and ``compute`` calls ``compute_metric`` once.
 
 ``scores`` are the model's raw logits: [N, C] for C classes, or [N] / [N, 1]
 for a single binary logit (positive when > 0). ``targets`` are class indices
@@ -21,14 +34,16 @@ import torch
 
 from mmvl.config.access import plain
 from mmvl.config.components import build_component
+from mmvl.distributed import comm
 from mmvl.errors import UserError
 from mmvl.registry import METRICS, register_metric
 
 log = logging.getLogger(__name__)
+KINDS = ("sum", "max", "topk", "cat", "counter")
 
 
 class Metric:
-    """Base class; subclasses implement :meth:`compute_metric`."""
+    """Base class: streaming state (``add``), cross-rank ``sync`` and whole-set ``__call__``."""
 
     name = "metric"
     #: batch keys the metric reads (besides the output keys)
@@ -36,7 +51,43 @@ class Metric:
     #: model output keys the metric reads
     output_keys: tuple[str, ...] = ("scores",)
 
+    # -- whole set ------------------------------------------------------------------------------
     def __call__(self, batch: Mapping[str, Any], output: Mapping[str, Any]) -> dict[str, float]:
+        """The metric over one whole set in this process: ``reset``, ``update``, ``compute``."""
+        self.reset()
+        self.update(batch, output)
+        return self.compute()
+
+    # -- streaming ------------------------------------------------------------------------------
+    def reset(self) -> None:
+        self._state: dict[str, tuple[str, Any, Any]] = {}  # name -> (kind, value, option)
+        self.samples = 0
+
+    def update(self, batch: Mapping[str, Any], output: Mapping[str, Any]) -> None:
+        """Default (earlier contract): keep this batch's inputs for ``compute_metric``."""
+        self.check(batch, output)
+        for key in self.required_keys:
+            self.add(f"batch.{key}", "cat", _detach(batch[key]))
+        for key in self.output_keys:
+            self.add(f"output.{key}", "cat", _detach(output[key]))
+
+    def compute(self) -> dict[str, float]:
+        """Default (earlier contract): ``compute_metric`` over everything ``update`` kept."""
+        self.require_samples()
+        batch = {k: self.state(f"batch.{k}") for k in self.required_keys}
+        output = {k: self.state(f"output.{k}") for k in self.output_keys}
+        if type(self).compute_metric is Metric.compute_metric and type(self).__call__ is not Metric.__call__:
+            return self(batch, output)  # a subclass that overrides __call__ over the whole set
+        return self.compute_metric(batch, output)
+
+    def compute_metric(self, batch: Mapping[str, Any], output: Mapping[str, Any]) -> dict[str, float]:
+        raise UserError(f"metric {self.name!r} ({type(self).__qualname__}) implements neither update()/compute() "
+                        "nor compute_metric(batch, output); see the METRICS contract in mmvl/registry.py.")
+
+    def check(self, batch: Mapping[str, Any], output: Mapping[str, Any]) -> int:
+        """Raise a UserError unless the inputs the metric reads are there and agree; the sample count."""
+        if not hasattr(self, "_state"):
+            self.reset()
         for key in self.required_keys:
             if key not in batch:
                 raise UserError(f"metric {self.name!r} needs batch[{key!r}] but the evaluation batch has keys "
@@ -45,34 +96,134 @@ class Metric:
             if key not in output:
                 raise UserError(f"metric {self.name!r} needs output[{key!r}] but the model returned keys "
                                 f"{sorted(output)}.")
-        n = len(output["scores"])
-        if n == 0:
-            raise UserError(f"metric {self.name!r} got 0 samples; is the evaluation split empty?")
+        n = len(output["scores"]) if "scores" in output else len(batch[self.required_keys[0]])
         for key in self.required_keys:
             if len(batch[key]) != n:
                 raise UserError(f"metric {self.name!r}: batch[{key!r}] has {len(batch[key])} entries but "
                                 f"output['scores'] has {n}; the dataset and model disagree on sample count.")
-        return self.compute_metric(batch, output)
+        self.samples += n
+        return n
 
-    def compute_metric(self, batch: Mapping[str, Any], output: Mapping[str, Any]) -> dict[str, float]:
-        raise NotImplementedError  # pragma: no cover
+    def require_samples(self) -> None:
+        if not getattr(self, "samples", 0):
+            raise UserError(f"metric {self.name!r} got 0 samples; is the evaluation split empty?")
 
-    # streaming use (registry contract): keep what is needed, compute at the end
-    def reset(self) -> None:
-        self._parts: list[tuple[dict, dict]] = []
-
-    def update(self, batch: Mapping[str, Any], output: Mapping[str, Any]) -> None:
-        if not hasattr(self, "_parts"):
+    # -- state ----------------------------------------------------------------------------------
+    def add(self, name: str, kind: str, value: Any, option: Any = None) -> None:
+        """Fold ``value`` into state ``name``: ``sum``/``max`` elementwise (the same shape on every rank),
+        ``topk`` (keep the ``option`` largest along dim 0), ``cat`` (append; joined along dim 0 or as one
+        list), ``counter`` (a dict: add the counts of equal keys)."""
+        if not hasattr(self, "_state"):
             self.reset()
-        keep = lambda v: v.detach().cpu() if isinstance(v, torch.Tensor) else v  # noqa: E731
-        self._parts.append(({k: keep(batch[k]) for k in self.required_keys if k in batch},
-                            {k: keep(output[k]) for k in self.output_keys if k in output}))
+        old = self._state.get(name)
+        if old is None:
+            new = [value] if kind == "cat" else dict(value) if kind == "counter" else value
+            if kind == "topk":
+                new = _topk(value, option)
+            self._state[name] = (kind, new, option)
+            return
+        current = old[1]
+        if kind == "sum":
+            current = current + value
+        elif kind == "max":
+            current = torch.maximum(current, value)
+        elif kind == "topk":
+            current = _topk(torch.cat([current, value]), option)
+        elif kind == "cat":
+            current.append(value)
+        elif kind == "counter":
+            for k, v in value.items():
+                current[k] = current.get(k, 0) + v
+        else:
+            raise ValueError(f"unknown state kind {kind!r}; use one of {KINDS}")
+        self._state[name] = (kind, current, option)
 
-    def compute(self) -> dict[str, float]:
-        parts = getattr(self, "_parts", [])
-        if not parts:
-            raise UserError(f"metric {self.name!r}: compute() called before any update().")
-        return self(concat_for_metrics([b for b, _ in parts]), concat_for_metrics([o for _, o in parts]))
+    def state(self, name: str, default: Any = None) -> Any:
+        """The state's value (``cat``: joined); ``default`` when nothing was added."""
+        entry = getattr(self, "_state", {}).get(name)
+        if entry is None:
+            return default
+        kind, value, _ = entry
+        return _join(value) if kind == "cat" else value
+
+    def sync(self) -> None:
+        """Combine every rank's state (a collective: every rank calls it, in the same metric order)."""
+        if comm.get_world_size() == 1:
+            return
+        if not hasattr(self, "_state"):
+            self.reset()
+        local = {name: _describe(kind, value, option) for name, (kind, value, option) in self._state.items()}
+        described = comm.all_gather_object((local, self.samples))
+        self.samples = sum(n for _, n in described)
+        merged: dict[str, Any] = {}
+        for states, _ in described:
+            for name, desc in states.items():
+                merged.setdefault(name, desc)
+        for name in sorted(merged):
+            kind, spec, option = merged[name]
+            entry = self._state.get(name)
+            value = entry[1] if entry is not None else None
+            if kind == "cat":
+                value = _join(value) if value is not None else _empty_like_spec(spec)
+                result = comm.gather_for_metrics(value, None)
+                self._state[name] = (kind, [result], option)
+                continue
+            if kind == "counter":
+                total: dict[Any, Any] = {}
+                for counts in comm.all_gather_object(value or {}):
+                    for k, v in counts.items():
+                        total[k] = total.get(k, 0) + v
+                self._state[name] = (kind, total, option)
+                continue
+            value = value if value is not None else _filled(kind, spec)
+            if kind == "topk":
+                value = _topk(torch.cat(comm.all_gather(value)), option)
+            else:
+                value = comm.all_reduce(value, "max" if kind == "max" else "sum")
+            self._state[name] = (kind, value, option)
+
+
+def _detach(value: Any) -> Any:
+    return value.detach().to("cpu", copy=True) if isinstance(value, torch.Tensor) else list(value)
+
+
+def _join(parts: list[Any]) -> Any:
+    if all(isinstance(p, torch.Tensor) for p in parts):
+        parts = [p.reshape(1) if p.dim() == 0 else p for p in parts]
+        return torch.cat([p.to(parts[0].device) for p in parts]) if len(parts) > 1 else parts[0]
+    joined: list[Any] = []
+    for p in parts:
+        joined.extend(p.tolist() if isinstance(p, torch.Tensor) else p)
+    return joined
+
+
+def _topk(t: torch.Tensor, k: int) -> torch.Tensor:
+    return t.topk(min(k, t.shape[0]), dim=0).values if t.shape[0] > k else t
+
+
+def _describe(kind: str, value: Any, option: Any) -> tuple[str, Any, Any]:
+    if kind == "cat":
+        joined = _join(value)
+        if isinstance(joined, torch.Tensor):
+            return kind, ("tensor", tuple(joined.shape[1:]), joined.dtype), option
+        return kind, ("list",), option
+    if kind == "counter":
+        return kind, None, option
+    return kind, (tuple(value.shape), value.dtype), option
+
+
+def _empty_like_spec(spec: Any) -> Any:
+    if spec[0] == "list":
+        return []
+    return torch.empty((0, *spec[1]), dtype=spec[2])
+
+
+def _filled(kind: str, spec: Any) -> torch.Tensor:
+    shape, dtype = spec
+    if kind == "sum":
+        return torch.zeros(shape, dtype=dtype)
+    low = -float("inf") if dtype.is_floating_point else torch.iinfo(dtype).min
+    return torch.full(shape, low, dtype=dtype)
 
 
 def concat_for_metrics(batches: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -103,12 +254,12 @@ def concat_for_metrics(batches: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def _scores(output: Mapping[str, Any]) -> torch.Tensor:
-    return output["scores"].detach().float().cpu()
+    return output["scores"].detach().float()
 
 
 def _labels(targets: Any) -> torch.Tensor:
     """Class indices from index targets or soft / multi-hot rows."""
-    t = torch.as_tensor(targets).detach().cpu()
+    t = torch.as_tensor(targets).detach()
     return t.argmax(-1) if t.dim() == 2 else t.reshape(-1).long()
 
 
@@ -119,10 +270,13 @@ def _predictions(scores: torch.Tensor) -> torch.Tensor:
     return scores.argmax(-1)
 
 
-def _f1(pred: torch.Tensor, label: torch.Tensor, cls: int) -> float:
-    tp = ((pred == cls) & (label == cls)).sum().item()
-    fp = ((pred == cls) & (label != cls)).sum().item()
-    fn = ((pred != cls) & (label == cls)).sum().item()
+def _rate(count: Any, total: Any) -> float:
+    """``count / total`` in float32, as ``tensor.float().mean()`` of 0/1 values computes it."""
+    as_f32 = lambda v: torch.as_tensor(v, dtype=torch.float32).cpu()  # noqa: E731
+    return (as_f32(count) / as_f32(total)).item()
+
+
+def _f1(tp: int, fp: int, fn: int) -> float:
     return 2 * tp / (2 * tp + fp + fn) if tp + fp + fn else 0.0
 
 
@@ -132,7 +286,7 @@ class Accuracy(Metric):
 
     With ``group_key`` the batch carries a group per sample (int index into
     ``group_names``, or the group's name as a string) and ``accuracy/<group>``
-    is reported for every group that has samples.
+    is reported for every group that has samples. State: counts.
     """
 
     name = "accuracy"
@@ -142,16 +296,28 @@ class Accuracy(Metric):
         self.group_names = [str(g) for g in group_names] if group_names is not None else None
         self.required_keys = ("targets",) + ((group_key,) if group_key else ())
 
-    def compute_metric(self, batch: Mapping[str, Any], output: Mapping[str, Any]) -> dict[str, float]:
-        correct = (_predictions(_scores(output)) == _labels(batch["targets"])).float()
-        result = {"accuracy": correct.mean().item()}
+    def update(self, batch: Mapping[str, Any], output: Mapping[str, Any]) -> None:
+        n = self.check(batch, output)
+        correct = _predictions(_scores(output)) == _labels(batch["targets"]).to(output["scores"].device)
+        self.add("counts", "sum", torch.stack([correct.sum(), torch.tensor(n, device=correct.device)]))
         if self.group_key:
-            groups = self._group_of_each(batch[self.group_key])
-            order = self.group_names if self.group_names is not None else sorted(set(groups))
+            hits: dict[str, list[int]] = {}
+            for g, c in zip(self._group_of_each(batch[self.group_key]), correct.tolist()):
+                pair = hits.setdefault(g, [0, 0])
+                pair[0] += int(c)
+                pair[1] += 1
+            self.add("groups", "counter", {g: torch.tensor(p) for g, p in hits.items()})
+
+    def compute(self) -> dict[str, float]:
+        self.require_samples()
+        counts = self.state("counts")
+        result = {"accuracy": _rate(counts[0], counts[1])}
+        if self.group_key:
+            groups = self.state("groups", {})
+            order = self.group_names if self.group_names is not None else sorted(groups)
             for name in order:
-                mask = torch.tensor([g == name for g in groups])
-                if mask.any():
-                    result[f"accuracy/{name}"] = correct[mask].mean().item()
+                if name in groups and int(groups[name][1]):
+                    result[f"accuracy/{name}"] = _rate(groups[name][0], groups[name][1])
         return result
 
     def _group_of_each(self, raw: Any) -> list[str]:
@@ -172,42 +338,68 @@ class Accuracy(Metric):
 
 @register_metric("vqa_accuracy")
 class VQAAccuracy(Metric):
-    """VQA accuracy: the soft score (min(#humans who gave it / 3, 1)) of the argmax answer."""
+    """VQA accuracy: the soft score (min(#humans who gave it / 3, 1)) of the argmax answer.
+
+    State: that one score per sample (their mean in dataset order is the result)."""
 
     name = "vqa_accuracy"
 
-    def compute_metric(self, batch: Mapping[str, Any], output: Mapping[str, Any]) -> dict[str, float]:
-        scores, targets = _scores(output), torch.as_tensor(batch["targets"]).float().cpu()
+    def update(self, batch: Mapping[str, Any], output: Mapping[str, Any]) -> None:
+        self.check(batch, output)
+        scores, targets = _scores(output), torch.as_tensor(batch["targets"]).float().to(output["scores"].device)
         if targets.shape != scores.shape:
             raise UserError(f"metric 'vqa_accuracy' needs soft-score targets shaped like scores "
                             f"{tuple(scores.shape)}, got {tuple(targets.shape)}; use 'accuracy' for index targets.")
-        picked = targets.gather(1, scores.argmax(-1, keepdim=True))
-        return {"vqa_accuracy": picked.mean().item()}
+        self.add("picked", "cat", targets.gather(1, scores.argmax(-1, keepdim=True)).reshape(-1))
+
+    def compute(self) -> dict[str, float]:
+        self.require_samples()
+        return {"vqa_accuracy": self.state("picked").cpu().reshape(-1, 1).mean().item()}
+
+
+class _Confusion(Metric):
+    """Counts of (prediction, label) pairs: enough for any per-class F1."""
+
+    def update(self, batch: Mapping[str, Any], output: Mapping[str, Any]) -> None:
+        self.check(batch, output)
+        pred = _predictions(_scores(output)).cpu()
+        label = _labels(batch["targets"]).cpu()
+        pairs, counts = torch.unique(torch.stack([pred, label]), dim=1, return_counts=True)
+        self.add("pairs", "counter",
+                 {(int(p), int(t)): int(c) for (p, t), c in zip(pairs.t().tolist(), counts.tolist())})
+
+    def class_counts(self, cls: int) -> tuple[int, int, int]:
+        pairs = self.state("pairs", {})
+        tp = pairs.get((cls, cls), 0)
+        fp = sum(c for (p, t), c in pairs.items() if p == cls and t != cls)
+        fn = sum(c for (p, t), c in pairs.items() if t == cls and p != cls)
+        return tp, fp, fn
 
 
 @register_metric("binary_f1")
-class BinaryF1(Metric):
-    """F1 of the positive class (``pos_label``, default 1); 0 when undefined."""
+class BinaryF1(_Confusion):
+    """F1 of the positive class (``pos_label``, default 1); 0 when undefined. State: counts."""
 
     name = "binary_f1"
 
     def __init__(self, pos_label: int = 1):
         self.pos_label = int(pos_label)
 
-    def compute_metric(self, batch: Mapping[str, Any], output: Mapping[str, Any]) -> dict[str, float]:
-        return {"binary_f1": _f1(_predictions(_scores(output)), _labels(batch["targets"]), self.pos_label)}
+    def compute(self) -> dict[str, float]:
+        self.require_samples()
+        return {"binary_f1": _f1(*self.class_counts(self.pos_label))}
 
 
 @register_metric("macro_f1")
-class MacroF1(Metric):
+class MacroF1(_Confusion):
     """Unweighted mean of per-class F1 over the classes seen in targets or predictions (as sklearn)."""
 
     name = "macro_f1"
 
-    def compute_metric(self, batch: Mapping[str, Any], output: Mapping[str, Any]) -> dict[str, float]:
-        pred, label = _predictions(_scores(output)), _labels(batch["targets"])
-        classes = torch.unique(torch.cat([pred, label])).tolist()
-        return {"macro_f1": sum(_f1(pred, label, c) for c in classes) / len(classes)}
+    def compute(self) -> dict[str, float]:
+        self.require_samples()
+        classes = sorted({c for pair in self.state("pairs", {}) for c in pair})
+        return {"macro_f1": sum(_f1(*self.class_counts(c)) for c in classes) / len(classes)}
 
 
 def binary_roc_auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
@@ -231,11 +423,14 @@ def binary_roc_auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
 
 @register_metric("roc_auc")
 class ROCAUC(Metric):
-    """Binary ROC-AUC from the positive-class score ([N, 2] softmax or one logit); ties count 1/2."""
+    """Binary ROC-AUC from the positive-class score ([N, 2] softmax or one logit); ties count 1/2.
+
+    State: one positive-class score and one label per sample."""
 
     name = "roc_auc"
 
-    def compute_metric(self, batch: Mapping[str, Any], output: Mapping[str, Any]) -> dict[str, float]:
+    def update(self, batch: Mapping[str, Any], output: Mapping[str, Any]) -> None:
+        self.check(batch, output)
         scores = _scores(output)
         if scores.dim() == 2 and scores.size(1) == 2:
             positive = scores.softmax(-1)[:, 1]
@@ -247,7 +442,12 @@ class ROCAUC(Metric):
         labels = _labels(batch["targets"])
         if not bool(((labels == 0) | (labels == 1)).all()):
             raise UserError(f"metric 'roc_auc' needs 0/1 targets, got labels {torch.unique(labels).tolist()[:10]}.")
-        auc = binary_roc_auc(positive, labels)
+        self.add("positive", "cat", positive)
+        self.add("labels", "cat", labels.to(torch.int8))
+
+    def compute(self) -> dict[str, float]:
+        self.require_samples()
+        auc = binary_roc_auc(self.state("positive").cpu(), self.state("labels").cpu())
         if auc != auc:
             log.warning("roc_auc is undefined (NaN): the evaluation set has only one class.")
         return {"roc_auc": auc}
@@ -265,6 +465,12 @@ class RecallAtK(Metric):
     (text -> image). With ``i2t`` also ``recall@k/i2t``: the fraction of images
     (with at least one caption) whose best-ranked caption is in the top k.
     Ties rank against the match (a constant scorer gets no credit).
+
+    State, never the score matrix: per k, how many captions rank their image in
+    the top k; for ``i2t``, per image, the best score of one of its own captions,
+    whether it has one, and the ``max(k) + 1`` highest scores any caption gave
+    it: an image's best caption ranks in the top k exactly when at most k of
+    those are at least its best own score.
     """
 
     name = "recall@k"
@@ -275,25 +481,38 @@ class RecallAtK(Metric):
             raise UserError(f"metric 'recall@k': k must be positive integers, got {k!r}.")
         self.i2t = bool(i2t)
 
-    def compute_metric(self, batch: Mapping[str, Any], output: Mapping[str, Any]) -> dict[str, float]:
+    def update(self, batch: Mapping[str, Any], output: Mapping[str, Any]) -> None:
+        self.check(batch, output)
         scores = _scores(output)
-        targets = torch.as_tensor(batch["targets"]).reshape(-1).long().cpu()
+        targets = torch.as_tensor(batch["targets"]).reshape(-1).long().to(scores.device)
         if scores.dim() != 2 or targets.numel() and not (0 <= targets.min() and targets.max() < scores.size(1)):
             raise UserError(f"metric 'recall@k' needs scores [N_text, N_image] and targets indexing image "
                             f"columns; got scores {tuple(scores.shape)}, targets in "
                             f"[{int(targets.min())}, {int(targets.max())}].")
-        rows = torch.arange(len(targets))
-        match = scores[rows, targets]
-        # rank = how many other images score at least as high as the matching one
-        t2i_rank = (scores >= match[:, None]).sum(1) - 1
-        result = {f"recall@{k}": (t2i_rank < k).float().mean().item() for k in self.ks}
+        gallery = self.state("gallery")
+        if gallery is not None and int(gallery) != scores.size(1):
+            raise UserError(f"metric 'recall@k': batches score {int(gallery)} and {scores.size(1)} images; every "
+                            "batch must score its captions against the same gallery.")
+        self.add("gallery", "max", torch.tensor(scores.size(1)))
+        match = scores[torch.arange(len(targets), device=scores.device), targets]
+        t2i_rank = (scores >= match[:, None]).sum(1) - 1  # other images scoring at least the match
+        self.add("t2i_hits", "sum", torch.stack([(t2i_rank < k).sum() for k in self.ks]))
         if self.i2t:
-            cols = scores.t()  # [N_image, N_text]
-            ranks_all = (cols[targets, :] >= match[:, None]).sum(1) - 1  # rank of each caption for its image
-            best = torch.full((scores.size(1),), torch.iinfo(torch.long).max, dtype=torch.long)
-            best.scatter_reduce_(0, targets, ranks_all, reduce="amin")
-            best = best[torch.unique(targets)]
-            result.update({f"recall@{k}/i2t": (best < k).float().mean().item() for k in self.ks})
+            best_own = torch.full((scores.size(1),), -float("inf"), device=scores.device)
+            best_own.scatter_reduce_(0, targets, match, reduce="amax")
+            self.add("best_own", "max", best_own)
+            self.add("has_caption", "sum", torch.bincount(targets, minlength=scores.size(1)))
+            self.add("top", "topk", scores, max(self.ks) + 1)
+
+    def compute(self) -> dict[str, float]:
+        self.require_samples()
+        hits = self.state("t2i_hits").cpu()
+        result = {f"recall@{k}": _rate(hits[i], self.samples) for i, k in enumerate(self.ks)}
+        if self.i2t:
+            best_own, top = self.state("best_own").cpu(), self.state("top").cpu()
+            captioned = self.state("has_caption").cpu() > 0
+            at_least = (top >= best_own[None, :]).sum(0)[captioned]  # = the rank + 1 when <= max(k)
+            result.update({f"recall@{k}/i2t": _rate((at_least <= k).sum(), captioned.sum()) for k in self.ks})
         return result
 
 

@@ -13,9 +13,17 @@ Contracts (what the looked-up object is called with, and returns):
   ``dataset_config.<name>``; a :class:`mmvl.data.base.DatasetBuilder`.
 - ``PROCESSORS``: ``cls(**params)``; a callable processing one sample field.
 - ``LOSSES``: ``cls(**params)``; ``loss(batch, output) -> Tensor`` (scalar).
-- ``METRICS``: ``cls(**params)``; a :class:`mmvl.metrics.Metric` called once
-  per evaluation as ``metric(data, output) -> dict[str, float]`` over the whole
-  (gathered, de-duplicated) split; ``required_keys`` names the batch fields it needs.
+- ``METRICS``: ``cls(**params)``; a streaming :class:`mmvl.metrics.Metric`. Per
+  evaluated split: ``reset()``; ``update(batch, output)`` for every batch, holding
+  only the samples this rank owns (``required_keys`` names the batch fields it
+  reads, ``output_keys`` the model outputs); ``sync()`` on every rank (a
+  collective that combines the ranks' states, so each sample counts once); then
+  ``compute() -> dict[str, float]``. States are counts, one value per sample or
+  fixed-size summaries, never a samples x classes matrix (declare them with
+  ``Metric.add``). A subclass that only implements the earlier whole-set
+  ``compute_metric(batch, output)`` still works (its inputs are kept for the
+  whole split); so does a plain callable ``metric(data, output)`` with
+  ``required_keys``. ``metric(batch, output)`` computes one whole set in-process.
 - ``OPTIMIZERS``: ``fn(params, **kwargs) -> torch.optim.Optimizer``; names
   not registered fall back to ``torch.optim.<Name>``.
 - ``SCHEDULERS``: ``fn(optimizer, **params) -> LRScheduler``.

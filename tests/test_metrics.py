@@ -8,6 +8,7 @@ import torch
 from mmvl.errors import UserError
 from mmvl.metrics import binary_roc_auc, build_metrics, concat_for_metrics
 from mmvl.registry import METRICS
+from tests.fixtures.metric_reference import full_matrix_metric
 
 
 def _metric(name, **params):
@@ -139,6 +140,111 @@ def test_build_metrics_and_user_errors():
     with pytest.raises(UserError, match="0 samples"):
         _metric("accuracy")({"targets": torch.zeros(0)}, {"scores": torch.zeros(0, 2)})
 
+
+# -- streaming equals the whole-set (full-matrix) computation mmvl used before -------------------
+def _cases(seed):
+    g = torch.Generator().manual_seed(seed)
+    n = 257
+    soft = (torch.randint(0, 4, (n, 9), generator=g) / 3.0).clamp(max=1.0)
+    ties = torch.randint(0, 6, (n, 40), generator=g).float()  # many tied scores: ranks must agree exactly
+    groups = torch.randint(0, 3, (n,), generator=g)
+    return [
+        ("accuracy", {}, torch.randint(0, 5, (n,), generator=g), torch.randn(n, 5, generator=g)),
+        ("accuracy", {"group_key": "grp", "groups": groups.tolist()}, soft, torch.randn(n, 9, generator=g)),
+        ("vqa_accuracy", {}, soft, torch.randn(n, 9, generator=g)),
+        ("binary_f1", {}, torch.randint(0, 2, (n,), generator=g), torch.randn(n, 2, generator=g)),
+        ("binary_f1", {}, torch.randint(0, 2, (n,), generator=g), torch.randn(n, generator=g)),
+        ("macro_f1", {}, torch.randint(0, 6, (n,), generator=g), torch.randn(n, 5, generator=g)),
+        ("roc_auc", {}, torch.randint(0, 2, (n,), generator=g), torch.randint(0, 9, (n, 2), generator=g).float()),
+        ("roc_auc", {}, torch.randint(0, 2, (n,), generator=g), torch.randn(n, generator=g)),
+        ("recall@k", {"k": [1, 3, 5]}, torch.randint(0, 40, (n,), generator=g), ties),
+    ]
+
+
+@pytest.mark.parametrize("batch", [1, 16, 100, 257])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_streaming_equals_full_matrix_reference(batch, seed):
+    """Every registered metric, fed in batches, gives exactly the whole-set full-matrix result."""
+    covered = set()
+    for name, params, targets, scores in _cases(seed):
+        covered.add(name)
+        kwargs = {"k": params["k"], "i2t": True} if name == "recall@k" else \
+            {"group_key": "grp"} if "group_key" in params else {}
+        m = _metric(name, **kwargs)
+        m.reset()
+        for start in range(0, len(scores), batch):
+            b = {"targets": targets[start:start + batch]}
+            if "groups" in params:
+                b["grp"] = torch.tensor(params["groups"][start:start + batch])
+            m.update(b, {"scores": scores[start:start + batch]})
+        m.sync()  # world size 1: a no-op
+        got = m.compute()
+        expected = full_matrix_metric(name, params, targets, scores)
+        assert got == expected, name  # exact, not approximate
+        assert set(got) == set(m({"targets": targets, **({"grp": torch.tensor(params["groups"])}
+                                                         if "groups" in params else {})}, {"scores": scores}))
+    assert covered == set(METRICS.names())
+
+
+def test_streaming_state_is_per_sample_at_most():
+    """No metric keeps a samples x classes matrix: the state grows by at most one value per sample."""
+    n, classes = 400, 300
+    g = torch.Generator().manual_seed(0)
+    soft = (torch.randint(0, 4, (n, classes), generator=g) / 3.0).clamp(max=1.0)
+    m = _metric("vqa_accuracy")
+    m.reset()
+    for start in range(0, n, 50):
+        m.update({"targets": soft[start:start + 50]}, {"scores": torch.randn(50, classes, generator=g)})
+    kept = sum(v.numel() for part in m._state.values() for v in (part[1] if isinstance(part[1], list) else [part[1]]))
+    assert kept == n
+    r = _metric("recall@k", k=[1, 5], i2t=True)
+    r.reset()
+    for start in range(0, n, 50):
+        r.update({"targets": torch.randint(0, classes, (50,), generator=g)},
+                 {"scores": torch.randn(50, classes, generator=g)})
+    kept = sum(part[1].numel() for part in r._state.values())
+    assert kept == 2 + 1 + (6 + 2) * classes  # hits per k, gallery size; per image: top-6, best own, caption count
+
+
+def test_metric_written_for_the_whole_set_still_works():
+    """A user metric of the earlier contract (only compute_metric) is fed the whole split once."""
+    class Median(METRICS.get("accuracy").__mro__[1]):  # mmvl.metrics.Metric
+        name = "median_score"
+
+        def compute_metric(self, batch, output):
+            assert len(output["scores"]) == 7 and batch["targets"].tolist() == list(range(7))
+            return {"median_score": output["scores"].median().item()}
+
+    m = Median()
+    m.reset()
+    m.update({"targets": torch.arange(3)}, {"scores": torch.tensor([5.0, 1.0, 2.0])})
+    m.update({"targets": torch.arange(3, 7)}, {"scores": torch.tensor([7.0, 3.0, 4.0, 6.0])})
+    assert m.compute() == {"median_score": 4.0}
+    with pytest.raises(UserError, match="0 samples"):
+        Median().compute()
+
+
+def test_earlier_call_style_and_empty_metrics():
+    """A subclass overriding __call__ (whole set) still works; one implementing nothing is a UserError."""
+    class Mean(METRICS.get("accuracy").__mro__[1]):
+        name = "mean_score"
+
+        def __call__(self, batch, output):
+            return {"mean_score": output["scores"].mean().item()}
+
+    m = Mean()
+    m.reset()
+    m.update({"targets": torch.zeros(2)}, {"scores": torch.tensor([1.0, 2.0])})
+    m.update({"targets": torch.zeros(1)}, {"scores": torch.tensor([6.0])})
+    assert m.compute() == {"mean_score": 3.0}
+
+    class Nothing(METRICS.get("accuracy").__mro__[1]):
+        name = "nothing"
+
+    n = Nothing()
+    n.update({"targets": torch.zeros(1)}, {"scores": torch.zeros(1)})
+    with pytest.raises(UserError, match="implements neither"):
+        n.compute()
 
 # -- every registered metric ---------------------------------------------------------------------------
 # One case per registered metric: (params, batch, perfect scores, wrong scores, value of the perfect

@@ -58,7 +58,7 @@ UNUSED: tuple[str, ...] = (
     "training.verbose_dump", "training.evaluate_metrics", "training.detect_anomaly",
     "evaluation.use_cpu", "evaluation.predict_file_format", "evaluation.reporter",
     "optimizer.allow_unused_parameters",
-    "env.cache_dir", "env.dataset_zoo", "env.model_zoo", "env.log_dir", "env.report_dir",
+    "env.dataset_zoo", "env.model_zoo", "env.log_dir", "env.report_dir",
     "env.tensorboard_logdir", "env.wandb_logdir",
     "distributed.no_spawn",
     "checkpoint.resume_zoo", "checkpoint.zoo_config_override", "checkpoint.save_git_details", "checkpoint.reset",

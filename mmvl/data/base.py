@@ -25,6 +25,9 @@ class DatasetBuilder:
 
     #: default YAML (relative to the repo's ``configs/``), merged before the user's file
     config_path: str | None = None
+    #: ``env.cache_dir`` (set by :func:`mmvl.build.build_datasets`): where parsed splits are cached;
+    #: None caches them under ``<data_dir>/.mmvl_cache`` (see :mod:`mmvl.data.cache`)
+    cache_dir: str | None = None
 
     def __init__(self, config: DictConfig, data_dir: str):
         self.config = config
@@ -32,6 +35,12 @@ class DatasetBuilder:
 
     def prepare(self) -> None:
         """Create or check the data on disk. Called on rank 0 before ``build``."""
+
+    def prepare_split(self, split: str) -> None:
+        """Parse and cache ``split`` (and what it needs, e.g. vocabularies fitted on ``train``).
+
+        Called for the splits a run uses, on rank 0 first while the other ranks wait; they
+        then only map the cache. The default does nothing (``build`` does all the work)."""
 
     def build(self, split: str) -> Dataset:
         """Return the dataset for ``split`` (``train``, ``val`` or ``test``)."""
@@ -50,8 +59,10 @@ class DatasetBuilder:
     def predictions(self, data: dict[str, Any], scores: Any) -> list[dict[str, Any]]:
         """One row per sample for ``predictions/<dataset>_<split>.<format>``.
 
-        ``data`` holds the gathered evaluation fields (``id`` and the metrics'
-        keys) in dataset order; the default gives the arg-max class index.
+        Called once per evaluation batch: ``data`` is the batch (``id`` and every
+        other field, the sampler's padding removed) and ``scores`` its model
+        scores; rows are written in dataset order. The default gives the arg-max
+        class index.
         """
         ids = data.get("id", list(range(len(scores))))
         ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)

@@ -21,17 +21,18 @@ from mmvl.config import save_config
 from mmvl.utils.logger import setup_logging
 from mmvl.checkpoint import CheckpointManager
 from mmvl.build import build_callbacks, build_datasets, build_model, model_config
-from mmvl.data.predictions import write_predictions
 from mmvl.data.sample import DevicePrefetcher
-from mmvl.data.loaders import TrainStream, eval_loader, resolve_pin_memory
+from mmvl.data.loaders import TrainStream, resolve_pin_memory
 from mmvl.distributed import comm
 from mmvl.distributed.env import DistEnv
 from mmvl.engine import Engine
 from mmvl.errors import UserError
 from mmvl.losses import build_losses, compute_losses
-from mmvl.metrics import build_metrics, concat_for_metrics
+from mmvl.metrics import build_metrics
 from mmvl.optim import base_lr, build_optimizer, build_scheduler
 from mmvl.trainers.callbacks.checkpoint import save_checkpoint
+from mmvl.trainers.evaluation import evaluate as evaluate_split
+from mmvl.trainers.evaluation import prepare_split
 from mmvl.trainers.finite import NonFiniteGuard, NonFiniteLossError
 from mmvl.trainers.resume import load_pretrained, resume
 from mmvl.utils.flops import FlopCount, batch_tokens
@@ -118,6 +119,9 @@ class Trainer:
         if not self.engine.is_main_process:
             for builder in self.builders.values():
                 builder.prepare()
+        run_type = str(self.config.run_type)  # parse/map the splits used first (rank 0 caches them)
+        for split in ["train"] if "train" in run_type else [s for s in ("val", "test") if s in run_type]:
+            prepare_split(self.builders, split)
 
     def _train_stream(self) -> Any:
         t = self.config.training
@@ -211,48 +215,10 @@ class Trainer:
         save_checkpoint(self, is_best=is_best, full=full)
         self.last_saved = self.update
 
-    @torch.no_grad()
     def evaluate(self, split: str = "val") -> dict[str, dict[str, float]]:
-        """Metrics over the whole ``split`` of each dataset, each sample counted once."""
+        """Metrics over the whole ``split`` of each dataset, each sample counted once (streamed)."""
         self.settle()
-        self.model.eval()
-        results = {}
-        for name, builder in self.builders.items():
-            dataset = builder.build(split)
-            keys = {"targets", "id"}.union(*(m.required_keys for m in self.metrics[name]))
-            loader = eval_loader(dataset, batch_size=self.batch_size, collate_fn=builder.collate,
-                                 rank=self.env.rank, world_size=self.env.world_size,
-                                 num_workers=int(self.config.training.num_workers),
-                                 pin_memory=resolve_pin_memory(self.config.training.pin_memory, self.env.device))
-            kept, model_losses = [], _WeightedMeans()
-            for batch in loader:
-                batch = self.engine.to_device(batch)
-                with self.engine.autocast():
-                    output = self.model(batch)
-                part = {k: _to_cpu(batch[k]) for k in keys if k in batch}
-                part["scores"] = _to_cpu(output["scores"].float())
-                kept.append(part)
-                model_losses.add(output.get("losses") or {}, part["scores"].shape[0])
-            data = self.engine.gather_for_metrics(concat_for_metrics(kept), len(dataset))
-            output = {"scores": data["scores"]}
-            values = model_losses.reduce()  # every rank joins this collective
-            if "targets" in data:
-                for k, v in compute_losses(self.losses, data, output).items():
-                    values[k] = float(v)
-            if values:
-                values["total_loss"] = sum(values.values())
-            for metric in self.metrics[name]:
-                if not all(k in data for k in metric.required_keys):
-                    continue  # an unlabelled split (e.g. a test set): predictions only
-                values.update({k: float(v) for k, v in metric(data, output).items()})
-            values.update(builder.extra_metrics(split))
-            results[name] = values
-            if self.config.evaluation.get("predict") and self.engine.is_main_process:
-                path = write_predictions(str(self.config.env.save_dir), name, split,
-                                         builder.predictions(data, data["scores"]),
-                                         builder.prediction_format)
-                log.info("Wrote %s predictions to %s", split, path)
-        self.model.train()
+        results = evaluate_split(self, split)
         self.last_eval = (self.update, split, results)
         self.call("on_evaluation_end", split, results)
         return results
@@ -293,30 +259,6 @@ def mean_losses(micro: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]
     return {k: torch.stack([m[k].detach().float() for m in micro]).mean() for k in micro[0]}
 
 
-class _WeightedMeans:
-    """Means over a split of the per-batch losses a model returns (weighted by batch size).
-
-    Model losses are scalars per batch, so they cannot be gathered per sample like scores;
-    the padded duplicates of a distributed evaluation count here (a few samples at most).
-    """
-
-    def __init__(self) -> None:
-        self.sums: dict[str, float] = {}
-        self.count = 0
-
-    def add(self, losses: dict[str, Any], n: int) -> None:
-        for k, v in losses.items():
-            self.sums[k] = self.sums.get(k, 0.0) + float(v) * n
-        if losses:
-            self.count += n
-
-    def reduce(self) -> dict[str, float]:
-        parts = comm.all_gather_object((self.sums, self.count))
-        total = sum(c for _, c in parts)
-        names = sorted({k for s, _ in parts for k in s})
-        return {k: sum(s.get(k, 0.0) for s, _ in parts) / total for k in names} if total else {}
-
-
 def _check_writable(save_dir: str) -> None:
     try:
         os.makedirs(save_dir, exist_ok=True)
@@ -327,11 +269,6 @@ def _check_writable(save_dir: str) -> None:
     except OSError as e:
         raise UserError(f"env.save_dir={save_dir!r} is not writable ({e.strerror}); "
                         "choose another env.save_dir or fix its permissions.") from None
-
-
-def _to_cpu(value: Any) -> Any:
-    """An own copy on the CPU: a CPU view would keep the batch's whole shared-memory arena alive."""
-    return value.detach().to("cpu", copy=True) if isinstance(value, torch.Tensor) else value
 
 
 def run(config: DictConfig) -> dict[str, Any]:

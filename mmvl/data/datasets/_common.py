@@ -3,6 +3,11 @@
 Every problem a user can cause (a wrong path, a truncated download, a record
 without a field, an unreadable image) becomes a one-line :class:`UserError`
 naming the file and what is wrong, instead of a ``KeyError`` deep in a worker.
+
+A split's samples are a columnar :class:`~mmvl.data.records.Table` (no Python object per
+sample, so DataLoader workers do not copy them), parsed once and then memory-mapped from
+the preprocessing cache (:mod:`mmvl.data.cache`); processors fitted on the training split
+(word and answer vocabularies) are cached there too.
 """
 from __future__ import annotations
 
@@ -10,15 +15,20 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator, Mapping
+
+import numpy as np
 
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import Dataset
 
 from mmvl.config.access import plain
-from mmvl.config.components import build_component
+from mmvl.config.components import accepts, build_component, component_spec
+from mmvl.data import jsonstream
 from mmvl.data.base import DatasetBuilder
+from mmvl.data.cache import Cache, default_root, fingerprint, load_tables, make_key, save_tables
 from mmvl.data.processors.image import TorchvisionTransforms
+from mmvl.data.records import Table
 from mmvl.errors import UserError
 from mmvl.registry import PROCESSORS
 
@@ -44,17 +54,32 @@ def _require_file(path: Path, dataset: str, what: str) -> None:
                         f"dataset_config.{dataset} paths, or download the official files there.")
 
 
-def load_json(path: Path, dataset: str, what: str = "annotation file") -> Any:
-    """Parse one JSON file; missing or invalid (e.g. truncated) files raise a one-line UserError."""
+def stream_json(path: Path, keys: tuple[str, ...], dataset: str,
+                what: str = "annotation file") -> Iterator[tuple[str, int, Any]]:
+    """``(key, index, element)`` of the top-level arrays ``keys``, one element in memory at a time;
+    every problem (a missing file, invalid JSON, a missing or non-list field) is a one-line UserError naming it."""
     _require_file(path, dataset, what)
     try:
-        with open(path, "r", encoding="utf-8") as f:
-            return json.load(f)
-    except json.JSONDecodeError as e:
+        yield from jsonstream.iter_arrays(path, keys)
+    except jsonstream.JSONStreamError as e:
         raise UserError(f"{dataset}: {what} {str(path)!r} is not valid JSON (line {e.lineno}, column {e.colno}: "
                         f"{e.msg}); the file may be truncated, download it again.") from None
+    except jsonstream.NotAnArray as e:
+        raise UserError(f"{dataset}: {str(path)!r} field {e.key!r} must be a list, got {e.found}.") from None
+    except KeyError as e:
+        key, found = e.args[0], e.args[1][:5] if len(e.args) > 1 else []
+        raise UserError(f"{dataset}: {str(path)!r} has no top-level {key!r} field (found {found}); "
+                        "is it the right file for this split?") from None
     except (UnicodeDecodeError, OSError) as e:
         raise UserError(f"{dataset}: {what} {str(path)!r} cannot be read ({e}); download it again.") from None
+
+
+def int_id(value: Any, path: Path, dataset: str, where: str) -> int:
+    """An integer id (``question_id``, ``image_id``...); anything else is a UserError naming the record."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise UserError(f"{dataset}: {str(path)!r} {where} is {value!r}; ids must be integers as in the "
+                        "official files.")
+    return value
 
 
 def load_jsonl(path: Path, dataset: str, what: str = "annotation file") -> list[dict[str, Any]]:
@@ -79,17 +104,6 @@ def load_jsonl(path: Path, dataset: str, what: str = "annotation file") -> list[
     except UnicodeDecodeError as e:
         raise UserError(f"{dataset}: {what} {str(path)!r} is not UTF-8 text ({e.reason}).") from None
     return records
-
-
-def field_list(doc: Any, key: str, path: Path, dataset: str) -> list[Any]:
-    """``doc[key]`` that must be a list (e.g. VQA's ``questions``, COCO's ``annotations``)."""
-    if not isinstance(doc, dict) or key not in doc:
-        found = sorted(doc)[:5] if isinstance(doc, dict) else type(doc).__name__
-        raise UserError(f"{dataset}: {str(path)!r} has no top-level {key!r} field (found {found}); "
-                        "is it the right file for this split?")
-    if not isinstance(doc[key], list):
-        raise UserError(f"{dataset}: {str(path)!r} field {key!r} must be a list, got {type(doc[key]).__name__}.")
-    return doc[key]
 
 
 def require_fields(record: Any, fields: Iterable[str], path: Path, dataset: str, where: str) -> None:
@@ -132,35 +146,35 @@ def image_is_readable(path: Path) -> bool:
         return False
 
 
-def filter_unreadable(records: list[dict[str, Any]], path_of: Callable[[dict[str, Any]], Path],
-                      dataset: str, split: str, policy: str) -> list[dict[str, Any]]:
-    """With ``skip``: drop records whose image is missing or unreadable, logging how many.
+def readable_rows(records: Table, path_of: Callable[[int], Path], dataset: str, split: str,
+                  policy: str) -> np.ndarray | None:
+    """With ``skip``: the rows whose image can be read (None when all can), logging how many were dropped.
 
     With ``error``: only check the first image (a wrong folder fails at once, naming the path);
     every other image is checked when it is decoded.
     """
-    if not records:
-        return records
+    if not len(records):
+        return None
     if policy == "error":
-        first = path_of(records[0])
+        first = path_of(0)
         if not first.is_file():
             raise UserError(f"{dataset} {split}: image {str(first)!r} does not exist; check the images folder in "
                             f"dataset_config.{dataset}, or set on_bad_image: skip to drop missing images.")
-        return records
+        return None
     verdict: dict[Path, bool] = {}
     kept, bad = [], []
-    for record in records:
-        p = path_of(record)
+    for row in range(len(records)):
+        p = path_of(row)
         if p not in verdict:
             verdict[p] = image_is_readable(p)
-        (kept if verdict[p] else bad).append(record)
+        (kept if verdict[p] else bad).append(row)
     if bad:
         log.warning("%s %s: skipped %d of %d samples whose image is missing or unreadable (e.g. %s)",
                     dataset, split, len(bad), len(records), path_of(bad[0]))
     if not kept:
         raise UserError(f"{dataset} {split}: none of the {len(records)} images can be read (e.g. "
-                        f"{str(path_of(records[0]))!r}); check the images folder.")
-    return kept
+                        f"{str(path_of(0))!r}); check the images folder.")
+    return np.asarray(kept, dtype=np.int64) if bad else None
 
 
 def decode_image(path: Path) -> Any:
@@ -175,34 +189,35 @@ def decode_image(path: Path) -> Any:
 class ImageLoading:
     """Mixin for datasets whose items hold ``image`` (transformed pixels) or region ``features``.
 
-    Subclasses set ``dataset``, ``records``, ``policy``, ``image_processor``,
-    ``features_processor`` and implement ``image_path(record)``/``feature_key(record)``
-    and ``make_item(index)``. A decode failure under ``skip`` serves the next
-    readable sample and logs the running count of skipped images.
+    Subclasses set ``dataset``, ``records`` (a :class:`~mmvl.data.records.Table`), ``policy``,
+    ``image_processor``, ``features_processor`` and implement ``image_path(row)`` /
+    ``feature_key(row)`` and ``make_item(row)``, reading the table's column arrays (never
+    a per-sample Python object). A decode failure under ``skip`` serves the next readable
+    sample and logs the running count of skipped images.
     """
 
     dataset: str
-    records: list[dict[str, Any]]
+    records: Table
     policy: str
     image_processor: Any
     features_processor: Any
     skipped: int = 0
 
-    def image_path(self, record: dict[str, Any]) -> Path:  # pragma: no cover - abstract
+    def image_path(self, row: int) -> Path:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def feature_key(self, record: dict[str, Any]) -> str:
-        return self.image_path(record).stem
+    def feature_key(self, row: int) -> str:
+        return self.image_path(row).stem
 
-    def visual_inputs(self, record: dict[str, Any]) -> dict[str, Any] | None:
+    def visual_inputs(self, row: int) -> dict[str, Any] | None:
         """``{"image": tensor}`` or ``{"features", "boxes", "feature_mask", ...}``; None if skipped."""
         if self.features_processor is not None:
-            sample = dict(self.features_processor(self.feature_key(record)))
+            sample = dict(self.features_processor(self.feature_key(row)))
             out = {"features": sample.pop("features"), "feature_mask": sample.pop("mask")}
             if sample.get("boxes") is not None:
                 out["boxes"] = sample.pop("boxes")
             return out
-        path = self.image_path(record)
+        path = self.image_path(row)
         try:
             image = decode_image(path)
         except (OSError, ValueError) as e:
@@ -215,15 +230,16 @@ class ImageLoading:
             return None
         return {"image": (self.image_processor or _PLAIN_PIXELS)(image)}
 
-    def make_item(self, index: int) -> dict[str, Any] | None:  # pragma: no cover - abstract
+    def make_item(self, row: int) -> dict[str, Any] | None:  # pragma: no cover - abstract
         raise NotImplementedError
 
     def __len__(self) -> int:
         return len(self.records)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
-        for step in range(len(self.records)):
-            item = self.make_item((index + step) % len(self.records))
+        n = len(self.records)
+        for step in range(n):
+            item = self.make_item((index + step) % n)
             if item is not None:
                 return item
         raise UserError(f"{self.dataset}: no image of this split can be decoded; check the image files.")
@@ -231,10 +247,12 @@ class ImageLoading:
 
 # -- the builders' shared plumbing -------------------------------------------------------------
 class FileDatasetBuilder(DatasetBuilder):
-    """Splits described under ``splits.<split>``, processors under ``processors``, built datasets cached.
+    """Splits described under ``splits.<split>``, processors under ``processors``, built datasets kept.
 
-    Subclasses set ``name`` and implement ``load_records(split)``, ``train_texts()``
-    and ``make_dataset(split, records)``.
+    Subclasses set ``name`` and implement ``source_files(split)`` (the files a split is
+    parsed from, which key its cache entry), ``load_records(split)`` (parse them into a
+    :class:`~mmvl.data.records.Table`, or a dict of tables with the samples under
+    ``"records"``), ``train_texts()`` and ``make_dataset(split, records)``.
     """
 
     name = "dataset"
@@ -243,7 +261,8 @@ class FileDatasetBuilder(DatasetBuilder):
         super().__init__(config if config is not None else OmegaConf.create({}), data_dir)
         self.cfg: dict[str, Any] = plain(self.config) or {}
         self.policy = check_policy(self.cfg.get("on_bad_image", "error"), self.name)
-        self._records: dict[str, list[dict[str, Any]]] = {}
+        self._tables: dict[str, dict[str, Table]] = {}
+        self._records: dict[str, Table] = {}
         self._datasets: dict[str, Dataset] = {}
         self._processors: dict[str, Any] = {}
 
@@ -266,20 +285,80 @@ class FileDatasetBuilder(DatasetBuilder):
             raise UserError(f"{self.name}: splits.{split}.{key} is not set; give {what}.")
         return self.path(name)
 
-    def records(self, split: str) -> list[dict[str, Any]]:
-        """The split's samples as plain dicts (loaded once, capped at ``max_samples``)."""
+    def source_files(self, split: str) -> list[Path]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    @property
+    def cache(self) -> Cache:
+        return Cache(default_root(self.cache_dir, self.data_dir), self.name)
+
+    def records_key(self, split: str) -> str:
+        """The cache key of ``split``'s parsed records: its source files' fingerprint."""
+        return make_key(self.name, split, fingerprint(self.source_files(split)))
+
+    def tables(self, split: str) -> dict[str, Table]:
+        """The split's parsed tables, memory-mapped from the cache (parsed and cached on first use)."""
+        if split not in self._tables:
+            def build(folder: Path) -> None:
+                parsed = self.load_records(split)
+                save_tables(folder, parsed if isinstance(parsed, dict) else {"records": parsed})
+
+            paths = make_key([str(p) for p in self.source_files(split)])[:8]  # stale = same files, changed
+            self._tables[split] = self.cache.get(f"{split}.{paths}", self.records_key(split), build, load_tables,
+                                                 f"{split} split")
+        return self._tables[split]
+
+    def records(self, split: str) -> Table:
+        """The split's samples as a columnar table (capped at ``max_samples``)."""
         if split not in self._records:
-            records = self.load_records(split)
+            records = self.tables(split)["records"]
             cap = self.cfg.get("max_samples")
-            self._records[split] = records[: int(cap)] if cap else records
+            self._records[split] = records.head(int(cap)) if cap else records
         return self._records[split]
 
+    def prepare_split(self, split: str) -> None:
+        """Parse (or map) ``split`` and build the processors it needs, caching what can be cached."""
+        self.records(split)
+        self.text_processor  # noqa: B018  (fits and caches the vocabulary on first use)
+
     def processor(self, key: str, **extra: Any) -> Any:
-        """The processor configured under ``processors.<key>`` (None when unset or null)."""
+        """The processor configured under ``processors.<key>`` (None when unset or null).
+
+        ``extra`` params fit a processor on the training split (e.g. ``texts``); a fitted
+        processor that can ``save()`` itself and load a ``vocab_file`` is cached: later
+        runs build it from the cached file instead of the training split.
+        """
         if key not in self._processors:
             spec = (self.cfg.get("processors") or {}).get(key)
-            self._processors[key] = build_processor(spec, self.name, key, **extra) if spec else None
+            if not spec:
+                self._processors[key] = None
+            elif extra and self._cacheable(spec):
+                self._processors[key] = self._fitted(key, spec, extra)
+            else:
+                self._processors[key] = build_processor(spec, self.name, key, **extra)
         return self._processors[key]
+
+    def _cacheable(self, spec: Any) -> bool:
+        kind, params = component_spec(spec, "processor")
+        if params.get("vocab_file"):
+            return False
+        cls = PROCESSORS.get(kind)
+        takes_fit = any(accepts(cls, name) for name in ("texts", "answers", "answer_counts"))
+        return takes_fit and accepts(cls, "vocab_file") and callable(getattr(cls, "save", None))
+
+    def _fitted(self, key: str, spec: Any, extra: dict[str, Any]) -> Any:
+        file = f"{key}.txt"
+        settings = {k: v for k, v in extra.items() if not callable(v)}  # e.g. mask_probability
+        cache_key = make_key(self.name, key, plain(spec), sorted(extra), settings, self.records_key("train"),
+                             self.cfg.get("max_samples"))
+
+        def build(folder: Path) -> None:
+            build_processor(spec, self.name, key, **extra).save(folder / file)
+
+        def load(folder: Path) -> Any:
+            return build_processor(spec, self.name, key, vocab_file=str(folder / file), **settings)
+
+        return self.cache.get(key, cache_key, build, load, f"{key} vocabulary", prune=False)
 
     def has_vocab_file(self, key: str) -> bool:
         spec = (self.cfg.get("processors") or {}).get(key) or {}
@@ -319,9 +398,8 @@ class FileDatasetBuilder(DatasetBuilder):
             self._datasets[split] = self.make_dataset(split, self.records(split))
         return self._datasets[split]
 
-    def keep_readable(self, split: str, records: list[dict[str, Any]],
-                      path_of: Callable[[dict[str, Any]], Path]) -> list[dict[str, Any]]:
-        """Apply ``on_bad_image`` up front (pixels only; feature runs never open images)."""
+    def readable_rows(self, split: str, records: Table, path_of: Callable[[int], Path]) -> np.ndarray | None:
+        """Apply ``on_bad_image`` up front: the rows to keep, or None for all (feature runs never open images)."""
         if self.features_processor is not None:
-            return records
-        return filter_unreadable(records, path_of, self.name, split, self.policy)
+            return None
+        return readable_rows(records, path_of, self.name, split, self.policy)

@@ -13,6 +13,10 @@ as ``vocab``, gets a warning and no masking). Masking is drawn from
 ``(seed, split, index, epoch)``, so it changes every epoch but never depends on
 the worker or rank, and it is applied to the train split only unless
 ``mask_eval: true``.
+
+A parsed split is two tables (:mod:`mmvl.data.records`): ``records`` (``id``,
+``image_id``, ``caption`` and ``image``, the row of its image) and ``images``
+(``id``, ``file_name``).
 """
 from __future__ import annotations
 
@@ -24,8 +28,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from mmvl.data.datasets._common import (FileDatasetBuilder, ImageLoading, field_list, load_json,
-                                        require_fields)
+from mmvl.data.datasets._common import FileDatasetBuilder, ImageLoading, int_id, require_fields, stream_json
+from mmvl.data.records import Strings, Table
 from mmvl.data.processors import image as _image  # noqa: F401  (registers torchvision_transforms)
 from mmvl.data.processors import text as _text  # noqa: F401  (registers bert_tokenizer)
 from mmvl.data.processors import vocab as _vocab  # noqa: F401  (registers vocab)
@@ -42,10 +46,12 @@ class COCOMatchingDataset(ImageLoading, Dataset):
 
     dataset = "coco_captions"
 
-    def __init__(self, records: list[dict[str, Any]], images: Path, text_processor: Any, image_processor: Any,
-                 features_processor: Any, policy: str, negative_ratio: float, seed: int, salt: int,
-                 mask: bool = False):
-        self.records, self.images = records, images
+    def __init__(self, records: Table, file_names: Strings, images: Path, text_processor: Any,
+                 image_processor: Any, features_processor: Any, policy: str, negative_ratio: float, seed: int,
+                 salt: int, mask: bool = False):
+        self.records, self.file_names, self.images = records, file_names, images
+        self.ids, self.image_ids = records.column("id"), records.column("image_id")
+        self.captions, self.image_rows = records.column("caption"), records.column("image")
         self.text_processor, self.image_processor = text_processor, image_processor
         self.features_processor, self.policy = features_processor, policy
         self.negative_ratio, self.seed, self.salt = float(negative_ratio), int(seed), int(salt)
@@ -55,8 +61,8 @@ class COCOMatchingDataset(ImageLoading, Dataset):
         """Called by the train loader before each epoch: masking differs between epochs."""
         self.epoch = int(epoch)
 
-    def image_path(self, record: dict[str, Any]) -> Path:
-        return self.images / record["file_name"]
+    def image_path(self, row: int) -> Path:
+        return self.images / self.file_names[int(self.image_rows[row])]
 
     def partner(self, index: int) -> int:
         """``index`` itself (a match) or a deterministic caption of another image (a mismatch)."""
@@ -65,27 +71,28 @@ class COCOMatchingDataset(ImageLoading, Dataset):
         rng = np.random.default_rng([self.seed, self.salt, index])
         if rng.random() >= self.negative_ratio:
             return index
-        image_id, n = self.records[index]["image_id"], len(self.records)
+        image_id, n = self.image_ids[index], len(self.records)
         j = int(rng.integers(n))
         for step in range(n):  # the first caption of another image at or after j
             k = (j + step) % n
-            if self.records[k]["image_id"] != image_id:
+            if self.image_ids[k] != image_id:
                 return k
         return index  # a single image: no negative exists (the builder refuses this case)
 
     def make_item(self, index: int) -> dict[str, Any] | None:
-        record = self.records[index]
-        visual = self.visual_inputs(record)
+        visual = self.visual_inputs(index)
         if visual is None:
             return None
-        other = self.records[self.partner(index)]
-        item: dict[str, Any] = {"id": record["id"], "image_id": record["image_id"], "caption_id": other["id"]}
+        other = self.partner(index)
+        item: dict[str, Any] = {"id": int(self.ids[index]), "image_id": int(self.image_ids[index]),
+                                "caption_id": int(self.ids[other])}
+        caption = self.captions[other]
         if self.mask:  # the stream id 1 keeps masking draws apart from partner()'s
-            item.update(self.text_processor(other["caption"], rng=[self.seed, self.salt, index, self.epoch, 1]))
+            item.update(self.text_processor(caption, rng=[self.seed, self.salt, index, self.epoch, 1]))
         else:
-            item.update(self.text_processor(other["caption"]))
+            item.update(self.text_processor(caption))
         item.update(visual)
-        item["targets"] = int(other["image_id"] == record["image_id"])
+        item["targets"] = int(self.image_ids[other] == self.image_ids[index])
         return item
 
 
@@ -96,25 +103,38 @@ class COCOCaptionsBuilder(FileDatasetBuilder):
     name = "coco_captions"
     config_path = "datasets/coco_captions.yaml"
 
-    def load_records(self, split: str) -> list[dict[str, Any]]:
-        path = self.split_file(split, "annotations", "the captions JSON file")
-        doc = load_json(path, self.name, "captions file")
-        files: dict[Any, str] = {}
-        for i, image in enumerate(field_list(doc, "images", path, self.name)):
-            require_fields(image, ("id", "file_name"), path, self.name, f"images[{i}]")
-            files[image["id"]] = str(image["file_name"])
-        records = []
-        for i, ann in enumerate(field_list(doc, "annotations", path, self.name)):
-            require_fields(ann, ("id", "image_id", "caption"), path, self.name, f"annotations[{i}]")
-            if ann["image_id"] not in files:
-                raise UserError(f"coco_captions: {str(path)!r} annotations[{i}] refers to image_id {ann['image_id']} "
+    def source_files(self, split: str) -> list[Path]:
+        return [self.split_file(split, "annotations", "the captions JSON file")]
+
+    def load_records(self, split: str) -> dict[str, Table]:
+        path = self.source_files(split)[0]
+        rows: dict[int, int] = {}  # image id -> row in the images table
+        files: list[str] = []
+        ids, image_ids, image_rows, captions = [], [], [], []
+        for key, i, item in stream_json(path, ("images", "annotations"), self.name, "captions file"):
+            if key == "images":
+                require_fields(item, ("id", "file_name"), path, self.name, f"images[{i}]")
+                rows.setdefault(int_id(item["id"], path, self.name, f"images[{i}].id"), len(files))
+                files.append(str(item["file_name"]))
+                continue
+            require_fields(item, ("id", "image_id", "caption"), path, self.name, f"annotations[{i}]")
+            ids.append(int_id(item["id"], path, self.name, f"annotations[{i}].id"))
+            image_ids.append(int_id(item["image_id"], path, self.name, f"annotations[{i}].image_id"))
+            captions.append(str(item["caption"]))
+        for i, image_id in enumerate(image_ids):  # images may come after annotations in the file
+            if image_id not in rows:
+                raise UserError(f"coco_captions: {str(path)!r} annotations[{i}] refers to image_id {image_id} "
                                 "that is not in its 'images' list; the file is inconsistent.")
-            records.append({"id": ann["id"], "image_id": ann["image_id"], "caption": str(ann["caption"]),
-                            "file_name": files[ann["image_id"]]})
-        return records
+            image_rows.append(rows[image_id])
+        image_table_ids = np.zeros(len(files), dtype=np.int64)
+        for image_id, row in rows.items():
+            image_table_ids[row] = image_id
+        return {"records": Table({"id": np.array(ids, dtype=np.int64), "image_id": np.array(image_ids, dtype=np.int64),
+                                  "caption": Strings.build(captions), "image": np.array(image_rows, dtype=np.int32)}),
+                "images": Table({"id": image_table_ids, "file_name": Strings.build(files)})}
 
     def train_texts(self) -> list[str]:
-        return [r["caption"] for r in self.records("train")]
+        return self.records("train").column("caption").tolist()
 
     def text_extras(self) -> dict[str, Any]:
         extras = super().text_extras()
@@ -128,19 +148,21 @@ class COCOCaptionsBuilder(FileDatasetBuilder):
                             "training without masked-LM labels", mask_p, spec.get("type"))
         return extras
 
-    def make_dataset(self, split: str, records: list[dict[str, Any]]) -> Dataset:
+    def make_dataset(self, split: str, records: Table) -> Dataset:
         spec = self.split_config(split)
         images = self.path(spec.get("images") or ".")
-        records = self.keep_readable(split, records, lambda r: images / r["file_name"])
+        files, image_rows = self.tables(split)["images"].column("file_name"), records.column("image")
+        rows = self.readable_rows(split, records, lambda row: images / files[int(image_rows[row])])
+        records = records.take(rows) if rows is not None else records
         ratio = float(self.cfg.get("negative_ratio", 0.5))
         if not 0.0 <= ratio <= 1.0:
             raise UserError(f"coco_captions: negative_ratio={ratio} must be in [0, 1].")
-        if ratio > 0 and len({r["image_id"] for r in records}) < 2:
+        if ratio > 0 and len(np.unique(records.column("image_id"))) < 2:
             raise UserError(f"coco_captions {split}: negatives need captions of at least two images; "
                             "add images or set negative_ratio: 0.")
         masking = float(getattr(self.text_processor, "mask_probability", 0.0) or 0.0) > 0
         mask = masking and (split == "train" or bool(self.cfg.get("mask_eval", False)))
-        return COCOMatchingDataset(records, images, self.text_processor, self.image_processor,
+        return COCOMatchingDataset(records, files, images, self.text_processor, self.image_processor,
                                    self.features_processor, self.policy, ratio, int(self.cfg.get("seed", 0)),
                                    _SPLIT_SALT.get(split, 3), mask=mask)
 

@@ -4,16 +4,20 @@ Each split is a JSONL file of ``{"id", "img": "img/01235.png", "label", "text"}`
 (the official ``train.jsonl``, ``dev_seen.jsonl``, ``test_seen.jsonl``; test
 lines have no ``label`` and then items have no ``targets``). Image paths are
 relative to ``images`` under ``<env.data_dir>/<data_folder>``. Predictions are
-written as the challenge's CSV: ``id, proba, label``.
+written as the challenge's CSV: ``id, proba, label``. A parsed split is a table
+(:mod:`mmvl.data.records`) of ``id`` (integers, or strings when any id is not one),
+``img``, ``text`` and ``label`` (labelled splits).
 """
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from torch.utils.data import Dataset
 
 from mmvl.data.datasets._common import FileDatasetBuilder, ImageLoading, load_jsonl, require_fields
+from mmvl.data.records import Strings, Table
 from mmvl.data.datasets.coco_captions import positive_proba
 from mmvl.data.processors import image as _image  # noqa: F401  (registers torchvision_transforms)
 from mmvl.data.processors import text as _text  # noqa: F401  (registers bert_tokenizer)
@@ -27,25 +31,27 @@ class HatefulMemesDataset(ImageLoading, Dataset):
 
     dataset = "hateful_memes"
 
-    def __init__(self, records: list[dict[str, Any]], images: Path, text_processor: Any, image_processor: Any,
+    def __init__(self, records: Table, images: Path, text_processor: Any, image_processor: Any,
                  features_processor: Any, policy: str):
         self.records, self.images = records, images
+        self.ids, self.img, self.text = records.column("id"), records.column("img"), records.column("text")
+        self.labels = records.column("label") if "label" in records else None
         self.text_processor, self.image_processor = text_processor, image_processor
         self.features_processor, self.policy = features_processor, policy
 
-    def image_path(self, record: dict[str, Any]) -> Path:
-        return self.images / record["img"]
+    def image_path(self, row: int) -> Path:
+        return self.images / self.img[row]
 
-    def make_item(self, index: int) -> dict[str, Any] | None:
-        record = self.records[index]
-        visual = self.visual_inputs(record)
+    def make_item(self, row: int) -> dict[str, Any] | None:
+        visual = self.visual_inputs(row)
         if visual is None:
             return None
-        item: dict[str, Any] = {"id": record["id"]}
-        item.update(self.text_processor(record["text"]))
+        sample_id = self.ids[row]
+        item: dict[str, Any] = {"id": sample_id if isinstance(sample_id, str) else int(sample_id)}
+        item.update(self.text_processor(self.text[row]))
         item.update(visual)
-        if "label" in record:
-            item["targets"] = record["label"]
+        if self.labels is not None:
+            item["targets"] = int(self.labels[row])
         return item
 
 
@@ -57,9 +63,12 @@ class HatefulMemesBuilder(FileDatasetBuilder):
     config_path = "datasets/hateful_memes.yaml"
     prediction_format = "csv"
 
-    def load_records(self, split: str) -> list[dict[str, Any]]:
-        path = self.split_file(split, "annotations", "the split's .jsonl file")
-        records, labelled = [], None
+    def source_files(self, split: str) -> list[Path]:
+        return [self.split_file(split, "annotations", "the split's .jsonl file")]
+
+    def load_records(self, split: str) -> Table:
+        path = self.source_files(split)[0]
+        ids, imgs, texts, labels, labelled = [], [], [], [], None
         for line in load_jsonl(path, self.name, "annotation file"):
             where = f"line {line['_line']}"
             require_fields(line, ("id", "img", "text"), path, self.name, where)
@@ -69,23 +78,30 @@ class HatefulMemesBuilder(FileDatasetBuilder):
             elif has_label != labelled:
                 raise UserError(f"hateful_memes: {str(path)!r} {where} {'has' if has_label else 'lacks'} a label "
                                 "unlike the lines before it; a split is either labelled or not.")
-            record = {"id": _id(line["id"]), "img": str(line["img"]), "text": str(line["text"])}
             if has_label:
                 if line["label"] not in (0, 1) or isinstance(line["label"], bool):
                     raise UserError(f"hateful_memes: {str(path)!r} {where} has label {line['label']!r}; "
                                     "labels are 0 (not hateful) or 1 (hateful).")
-                record["label"] = int(line["label"])
-            records.append(record)
-        return records
+                labels.append(int(line["label"]))
+            ids.append(line["id"])
+            imgs.append(str(line["img"]))
+            texts.append(str(line["text"]))
+        integer = all(isinstance(i, int) and not isinstance(i, bool) for i in ids)
+        columns: dict[str, Any] = {"id": np.array(ids, dtype=np.int64) if integer else Strings.build(map(str, ids)),
+                                   "img": Strings.build(imgs), "text": Strings.build(texts)}
+        if labelled:
+            columns["label"] = np.array(labels, dtype=np.int8)
+        return Table(columns)
 
     def train_texts(self) -> list[str]:
-        return [r["text"] for r in self.records("train")]
+        return self.records("train").column("text").tolist()
 
-    def make_dataset(self, split: str, records: list[dict[str, Any]]) -> Dataset:
+    def make_dataset(self, split: str, records: Table) -> Dataset:
         images = self.path(self.cfg.get("images") or ".")
-        records = self.keep_readable(split, records, lambda r: images / r["img"])
-        return HatefulMemesDataset(records, images, self.text_processor, self.image_processor,
-                                   self.features_processor, self.policy)
+        img = records.column("img")
+        rows = self.readable_rows(split, records, lambda row: images / img[row])
+        return HatefulMemesDataset(records.take(rows) if rows is not None else records, images,
+                                   self.text_processor, self.image_processor, self.features_processor, self.policy)
 
     def model_info(self) -> dict[str, int]:
         return {"vocab_size": int(self.text_processor.vocab_size), "num_labels": 2, **self.features_info()}
@@ -97,7 +113,3 @@ class HatefulMemesBuilder(FileDatasetBuilder):
         proba = positive_proba(scores).tolist()
         return [{"id": i, "proba": p, "label": int(p >= 0.5)} for i, p in zip(ids, proba)]
 
-
-def _id(value: Any) -> Any:
-    """Ids stay ints when they are (so they collate to a tensor); others stay strings."""
-    return value if isinstance(value, int) and not isinstance(value, bool) else str(value)

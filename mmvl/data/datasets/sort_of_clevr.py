@@ -10,7 +10,9 @@ Files live in ``<data_dir>/sort_of_clevr/<hash of the generation params>/``:
 ``<split>.npz`` (``images`` uint8 NxHxWx3, ``centers`` Nx6x2 as (x, y),
 ``shapes`` Nx6 with 0 circle, 1 square), ``<split>_questions.json`` and a word
 ``vocab.txt`` (every word the question templates can produce). ``val`` and ``test`` are two separate held-out sets with their
-own seeds, both disjoint from ``train`` by construction.
+own seeds, both disjoint from ``train`` by construction. A split's questions are parsed
+once into a columnar table (:mod:`mmvl.data.records`: ``id``, ``image``, ``type``,
+``color``, ``question``, ``answer``) cached beside the data (:mod:`mmvl.data.cache`).
 """
 from __future__ import annotations
 
@@ -32,6 +34,8 @@ from mmvl.config.access import config_value
 from mmvl.config.components import build_component, component_spec
 from mmvl.data.base import DatasetBuilder
 from mmvl.data.datasets.sort_of_clevr_regions import object_regions
+from mmvl.data.cache import Cache, default_root, fingerprint, load_table, make_key, save_table
+from mmvl.data.records import Table
 from mmvl.data.processors.text import SPECIAL_TOKENS, words_of, write_word_vocab
 from mmvl.errors import UserError
 from mmvl.registry import PROCESSORS, register_dataset
@@ -141,11 +145,15 @@ class SortOfClevrDataset(Dataset):
     [0, 1]), ``boxes`` (6 x 4) and ``feature_mask`` (6) instead of ``image``.
     """
 
-    def __init__(self, images: np.ndarray, questions: list[dict[str, Any]], text_processor,
+    def __init__(self, images: np.ndarray, questions: Table | list[dict[str, Any]], text_processor,
                  mean: list[float], std: list[float], regions: dict[str, np.ndarray] | None = None):
         self.images = None if regions else torch.from_numpy(images).permute(0, 3, 1, 2).contiguous()  # uint8
         self.regions = None if not regions else {k: torch.from_numpy(v) for k, v in regions.items()}
-        self.questions = questions
+        self.questions = questions if isinstance(questions, Table) else Table.from_rows(questions)
+        questions = self.questions
+        self.ids, self.image_rows = questions.column("id"), questions.column("image")
+        self.types, self.answers = questions.column("type"), questions.column("answer")
+        self.texts = questions.column("question")
         self.text_processor = text_processor
         std_t = torch.tensor(std, dtype=torch.float32).view(3, 1, 1)
         self.scale = 1.0 / (255.0 * std_t)
@@ -163,11 +171,11 @@ class SortOfClevrDataset(Dataset):
                 "feature_mask": torch.ones(feats.shape[0], dtype=torch.long)}
 
     def __getitem__(self, index: int) -> dict[str, Any]:
-        q = self.questions[index]
-        item: dict[str, Any] = self.visual(q["image"])
-        item.update(self.text_processor(q["question"]))
-        item.update(targets=q["answer"], question_family=int(q["type"] >= 3), question_type=q["type"],
-                    id=q["id"], image_id=q["image"])
+        qtype = int(self.types[index])
+        item: dict[str, Any] = self.visual(int(self.image_rows[index]))
+        item.update(self.text_processor(self.texts[index]))
+        item.update(targets=int(self.answers[index]), question_family=int(qtype >= 3), question_type=qtype,
+                    id=int(self.ids[index]), image_id=int(self.image_rows[index]))
         return item
 
 
@@ -198,7 +206,7 @@ class SortOfClevrBuilder(DatasetBuilder):
         digest = hashlib.sha1(json.dumps(self.params, sort_keys=True).encode()).hexdigest()[:10]
         self.root = Path(os.path.expanduser(str(data_dir))) / "sort_of_clevr" / digest
         self._processor = None
-        self._questions: dict[str, list[dict[str, Any]]] = {}
+        self._questions: dict[str, Table] = {}
 
     def _check_params(self) -> None:
         p = self.params
@@ -247,12 +255,25 @@ class SortOfClevrBuilder(DatasetBuilder):
                             "or delete the folder to regenerate it.")
         return path
 
-    def questions(self, split: str) -> list[dict[str, Any]]:
+    def questions(self, split: str) -> Table:
+        """The split's questions as a table, memory-mapped from the cache (parsed on first use)."""
         if split not in SPLITS:
             raise UserError(f"sort_of_clevr: unknown split {split!r}; use one of {', '.join(SPLITS)}.")
         if split not in self._questions:
-            self._questions[split] = json.loads(self._require(f"{split}_questions.json").read_text("utf-8"))
+            path = self._require(f"{split}_questions.json")
+            cache = Cache(default_root(self.cache_dir, self.data_dir), "sort_of_clevr")
+
+            def build(folder: Path) -> None:
+                rows = json.loads(path.read_text("utf-8"))
+                save_table(folder, "questions", Table.from_rows(rows) if rows else Table({}))
+
+            self._questions[split] = cache.get(f"{split}.{make_key(str(path))[:8]}", make_key(fingerprint([path])),
+                                               build, lambda folder: load_table(folder, "questions"),
+                                               f"{split} questions")
         return self._questions[split]
+
+    def prepare_split(self, split: str) -> None:
+        self.questions(split)
 
     # -- contract ------------------------------------------------------------------------------
     def _tokenizer_spec(self) -> tuple[str, dict[str, Any]]:

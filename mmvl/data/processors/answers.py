@@ -13,8 +13,9 @@ import os
 import re
 from collections import Counter
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
+import numpy as np
 import torch
 
 from mmvl.errors import UserError
@@ -48,11 +49,14 @@ class VQAAnswerProcessor:
     The vocabulary is the ``top_k`` most frequent normalised answers of
     ``answers`` (a dataset passes every human answer of its training split; ties
     in alphabetical order) kept when seen at least ``min_count`` times, or the
-    lines of ``vocab_file``. Answers outside it score nothing.
+    lines of ``vocab_file``. Answers outside it score nothing. A dataset that has
+    counted its answers already passes ``answer_counts`` (normalised answer ->
+    number of human answers) instead of ``answers``: the same vocabulary, without
+    normalising millions of strings again.
     """
 
     def __init__(self, answers: Iterable[Sequence[str]] | None = None, vocab_file: str | None = None,
-                 top_k: int | None = 3129, min_count: int = 1):
+                 top_k: int | None = 3129, min_count: int = 1, answer_counts: Mapping[str, int] | None = None):
         if vocab_file is not None:
             path = Path(os.path.expanduser(str(vocab_file)))
             if not path.is_file():
@@ -60,10 +64,15 @@ class VQAAnswerProcessor:
                                 "answer per line, or leave it null to build the vocabulary from training answers.")
             vocab = [normalize_answer(line) for line in path.read_text(encoding="utf-8").splitlines()]
             vocab = list(dict.fromkeys(a for a in vocab if a))
-        elif answers is not None:
+        elif answers is not None or answer_counts is not None:
             if top_k is not None and int(top_k) < 1:
                 raise UserError(f"vqa_answer: top_k={top_k} must be a positive integer or null (keep all).")
-            counts = Counter(normalize_answer(a) for per_question in answers for a in per_question)
+            if answer_counts is not None:
+                counts = Counter()
+                for a, c in answer_counts.items():
+                    counts[normalize_answer(a)] += int(c)
+            else:
+                counts = Counter(normalize_answer(a) for per_question in answers for a in per_question)
             counts.pop("", None)
             vocab = sorted((a for a, c in counts.items() if c >= int(min_count)), key=lambda a: (-counts[a], a))
             vocab = vocab[: int(top_k)] if top_k is not None else vocab
@@ -88,6 +97,14 @@ class VQAAnswerProcessor:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("\n".join(self.vocab) + "\n", encoding="utf-8")
         return path
+
+    def targets(self, indices: Sequence[int], counts: Sequence[int]) -> dict[str, torch.Tensor]:
+        """Soft scores from answer-vocabulary ``indices`` and how many humans gave each (distinct indices)."""
+        targets = torch.zeros(len(self.vocab), dtype=torch.float32)
+        if len(indices):
+            scores = np.minimum(np.asarray(counts, dtype=np.float64) / 3.0, 1.0)
+            targets[torch.as_tensor(np.asarray(indices, dtype=np.int64))] = torch.from_numpy(scores).float()
+        return {"targets": targets}
 
     def __call__(self, answers: Iterable[str]) -> dict[str, torch.Tensor]:
         targets = torch.zeros(len(self.vocab), dtype=torch.float32)

@@ -185,7 +185,8 @@ class BertTokenizerProcessor:
                                  return_token_type_ids=True, return_attention_mask=True)
             cached = {k: torch.tensor(enc[k], dtype=torch.long)
                       for k in ("input_ids", "attention_mask", "token_type_ids")}
-            if len(self._cache) < 100_000:  # closed-vocabulary datasets repeat a few strings
+            if len(self._cache) < 4096:  # closed-vocabulary datasets repeat a few strings; open ones would
+                # only fill every DataLoader worker with its own copy of each question
                 self._cache[text] = cached
         out = {k: v.clone() for k, v in cached.items()}
         if self.mask_probability > 0 and rng is not None:
