@@ -32,8 +32,11 @@ from mmvl.models.modules.visual_tokens import region_inputs, require_image
 from mmvl.registry import register_model
 
 HEAD_TYPES = ("classification", "pretraining")
-#: what the classification head reads (``last_text_token``: MMF's ``pooler_strategy: vqa``)
-CLASSIFIER_INPUTS = ("pooled", "pooled_and_visual", "last_text_token")
+#: what the classification head reads, concatenated: the pooled [CLS], the flattened grid of
+#: visual tokens, their mean, their max (final hidden states), the text token before [SEP]
+#: (``last_text_token``: MMF's ``pooler_strategy: vqa``)
+CLASSIFIER_PARTS = ("pooled", "visual", "mean", "max", "last_text_token")
+CLASSIFIER_ALIASES = {"pooled_and_visual": ["pooled", "visual"], "pooled_and_pools": ["pooled", "mean", "max"]}
 
 
 @register_model("visual_bert")
@@ -56,17 +59,22 @@ class VisualBert(TextBertModel):
         bc = self.bert.config
         hidden = bc.hidden_size
         self.feature_dim = int(cfg["feature_dim"]) if cfg.get("feature_dim") else None
-        # ``pooled``: VisualBERT's head on the pooled [CLS]. ``pooled_and_visual`` also reads
-        # every visual token's final hidden state in grid order, so a position-specific answer
-        # ("is it on the left?") need not squeeze through one attention-pooled vector.
-        self.classifier_input = str(cfg.get("classifier_input") or "pooled")
+        # ``classifier_input``: a list of CLASSIFIER_PARTS (or one part, or an alias). ``pooled``:
+        # VisualBERT's head on the pooled [CLS]. ``visual`` reads every visual token's final state in
+        # grid order, so a position-specific answer ("is it on the left?") need not squeeze through
+        # one attention-pooled vector. ``mean`` / ``max`` pool the visual tokens: one set of weights
+        # reads every position (the flattened grid learns each cell's weights from the ~1/25 of the
+        # samples whose object sits there), as FiLM's own classifier pools.
+        self.classifier_parts = classifier_parts(cfg.get("classifier_input") or "pooled")
         self.image_encoder: nn.Module | None = None
         if self.feature_dim:
-            if self.classifier_input == "pooled_and_visual":
-                raise UserError(f"visual_bert: classifier_input={self.classifier_input!r} needs a fixed image "
-                                "grid; with feature_dim set use classifier_input: pooled.")
+            if "visual" in self.classifier_parts:
+                raise UserError(f"visual_bert: classifier_input {self.classifier_parts} reads the flattened grid "
+                                "('visual'), which needs a fixed image grid; with feature_dim set use pooled, "
+                                "mean and max.")
             self.region_embeddings = RegionEmbeddings(self.feature_dim, hidden, bc.hidden_dropout_prob,
-                                                      bc.layer_norm_eps, bc.initializer_range)
+                                                      bc.layer_norm_eps, bc.initializer_range,
+                                                      box_norm=bool(cfg.get("box_norm")))
         else:
             encoder_spec = dict(cfg.get("image_encoder") or {"type": "cnn"})
             if encoder_spec.get("type") == "film_cnn":  # conditioned on the question's word embeddings
@@ -82,16 +90,13 @@ class VisualBert(TextBertModel):
             self.classifier = self._build_classifier(cfg, hidden, bc)
 
     def _build_classifier(self, cfg: dict[str, Any], hidden: int, bc: Any) -> nn.Module:
-        if self.classifier_input not in CLASSIFIER_INPUTS:
-            raise UserError(f"visual_bert: classifier_input={self.classifier_input!r}; use one of "
-                            f"{', '.join(CLASSIFIER_INPUTS)}.")
-        head_in = hidden
-        if self.classifier_input == "pooled_and_visual":
+        head_in = hidden * len(self.classifier_parts)
+        if "visual" in self.classifier_parts:
             size = int(cfg.get("image_size") or 75)
             with torch.no_grad():
                 grid = self.image_encoder(torch.zeros(1, 3, size, size))
             self.num_visual_tokens = grid.shape[-2] * grid.shape[-1]
-            head_in = hidden * (1 + self.num_visual_tokens)
+            head_in += hidden * (self.num_visual_tokens - 1)
         classifier = nn.Sequential(
             nn.Dropout(float(cfg.get("classifier_dropout", bc.hidden_dropout_prob))),
             nn.Linear(head_in, hidden), nn.GELU(), nn.LayerNorm(hidden, eps=bc.layer_norm_eps),
@@ -114,17 +119,21 @@ class VisualBert(TextBertModel):
         if self.heads is not None:
             return self.heads(hidden[:, : text.shape[1]], pooled, batch,
                               self.bert.embeddings.word_embeddings.weight)
-        if self.classifier_input == "pooled_and_visual":
-            visual_out = hidden[:, text.shape[1]:]
-            if visual_out.shape[1] != self.num_visual_tokens:
-                raise UserError(f"visual_bert: classifier_input=pooled_and_visual was built for "
-                                f"{self.num_visual_tokens} visual tokens but got {visual_out.shape[1]}; "
-                                "set model_config.visual_bert.image_size to the input image size.")
-            pooled = torch.cat([pooled, visual_out.flatten(1)], dim=1)
-        elif self.classifier_input == "last_text_token":  # the token before [SEP], not the pooler
+        visual_out = hidden[:, text.shape[1]:]
+        pools = masked_mean_max(visual_out, visual_mask) if {"mean", "max"} & set(self.classifier_parts) else (None, None)
+        parts = {"pooled": pooled, "mean": pools[0], "max": pools[1]}
+        if "last_text_token" in self.classifier_parts:  # the token before [SEP], not the pooler
             last = (text_mask.sum(1) - 2).clamp(min=0)
-            pooled = hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
-        return {"scores": self.classifier(pooled)}
+            parts["last_text_token"] = hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
+        features = [self._flat_grid(visual_out) if p == "visual" else parts[p] for p in self.classifier_parts]
+        return {"scores": self.classifier(torch.cat(features, dim=1))}
+
+    def _flat_grid(self, visual_out: torch.Tensor) -> torch.Tensor:
+        if visual_out.shape[1] != self.num_visual_tokens:
+            raise UserError(f"visual_bert: classifier_input 'visual' was built for {self.num_visual_tokens} visual "
+                            f"tokens but got {visual_out.shape[1]}; set model_config.visual_bert.image_size to the "
+                            "input image size.")
+        return visual_out.flatten(1)
 
     def _visual_tokens(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """``(tokens B x M x hidden, mask B x M)``: regions with their boxes, or every grid cell."""
@@ -148,3 +157,21 @@ class VisualBert(TextBertModel):
         enable_bert_checkpointing(self.bert)
         if self.image_encoder is not None:
             self.image_encoder.enable_gradient_checkpointing()
+
+
+def classifier_parts(value: Any) -> list[str]:
+    """``classifier_input`` (a part, an alias or a list of parts) -> the list of parts, checked."""
+    parts = CLASSIFIER_ALIASES.get(value, [value]) if isinstance(value, str) else [str(p) for p in value]
+    bad = [p for p in parts if p not in CLASSIFIER_PARTS]
+    if bad or not parts or len(set(parts)) != len(parts):
+        raise UserError(f"visual_bert: classifier_input={value!r}; give a list of distinct parts from "
+                        f"{', '.join(CLASSIFIER_PARTS)} (or {', '.join(CLASSIFIER_ALIASES)}).")
+    return parts
+
+
+def masked_mean_max(tokens: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean and max over the real tokens (``mask`` 1) of ``tokens`` B x M x D -> two B x D."""
+    m = mask.to(tokens.dtype).unsqueeze(-1)
+    mean = (tokens * m).sum(1) / m.sum(1).clamp(min=1)
+    maxed = tokens.masked_fill(m == 0, torch.finfo(tokens.dtype).min).amax(1)
+    return mean, torch.where(m.sum(1) > 0, maxed, torch.zeros_like(maxed))  # no real token: zeros

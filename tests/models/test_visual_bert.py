@@ -8,7 +8,7 @@ from torch import nn
 
 from mmvl.errors import UserError
 from mmvl.models import VisualBert
-from mmvl.models.modules.image_encoders import build_image_encoder
+from mmvl.models.modules.image_encoders import add_coords, build_image_encoder
 from mmvl.registry import MODELS
 
 ENCODERS = {
@@ -18,6 +18,10 @@ ENCODERS = {
     "film_cnn": {"type": "film_cnn", "params": {"film_channels": 4, "channels": [8, 8, 16, 16]}},
     "film_every_layer": {"type": "film_cnn", "params": {"pixel_layer": False, "every_layer": True,
                                                         "channels": [8, 8, 16, 16]}},
+    "film_last_layer": {"type": "film_cnn", "params": {"pixel_layer": False, "film_layers": [3],
+                                                       "channels": [8, 8, 16, 16]}},
+    "film_two_views": {"type": "film_cnn", "params": {"pixel_layer": False, "every_layer": True,
+                                                      "unconditioned_view": True, "channels": [8, 8, 16, 16]}},
 }
 
 
@@ -71,7 +75,7 @@ def test_padding_does_not_change_scores():
     torch.testing.assert_close(model(b)["scores"][:1], model(short)["scores"], rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("kind", ["cnn", "film_every_layer"])
+@pytest.mark.parametrize("kind", ["cnn", "film_every_layer", "film_last_layer", "film_two_views"])
 def test_gradient_checkpointing_gives_same_gradients(kind):
     b = batch()
     plain, ckpt = tiny(image_encoder=ENCODERS[kind]).train(), tiny(image_encoder=ENCODERS[kind]).train()
@@ -138,17 +142,79 @@ def test_minilm_init_equals_checkpoint():
         tiny(vocab_size=31, text_encoder={"pretrained_path": "minilm"})
 
 
-@pytest.mark.parametrize("kind", ["film_cnn", "film_every_layer"])
+@pytest.mark.parametrize("kind", ["film_cnn", "film_every_layer", "film_last_layer", "film_two_views"])
 def test_film_cnn_depends_on_the_question(kind):
     model = tiny(image_encoder=ENCODERS[kind]).eval()
-    if kind == "film_every_layer":  # FiLM starts as the identity; give it something to modulate
-        for film in model.image_encoder.layer_films:
+    if kind != "film_cnn":  # FiLM starts as the identity; give it something to modulate
+        for film in model.image_encoder.layer_films.values():
             torch.nn.init.normal_(film.weight, std=0.5)
     b = batch()
     other = dict(b, input_ids=b["input_ids"].flip(1))
     grid_a = model._encode_image(b)
     grid_b = model._encode_image(other)
     assert not torch.allclose(grid_a, grid_b)  # same pixels, other words -> other visual tokens
+
+
+def test_film_layers_leave_the_other_layers_unconditioned():
+    model = tiny(image_encoder=ENCODERS["film_last_layer"]).eval()
+    assert list(model.image_encoder.layer_films) == ["3"]
+    for film in model.image_encoder.layer_films.values():
+        torch.nn.init.normal_(film.weight, std=0.5)
+    seen = []
+    model.image_encoder.stages[2].register_forward_hook(lambda _m, _i, out: seen.append(out))
+    b = batch()
+    final = [model._encode_image(b), model._encode_image(dict(b, input_ids=b["input_ids"].flip(1)))]
+    torch.testing.assert_close(seen[0], seen[1])  # layers 0-2 see only pixels
+    assert not torch.allclose(final[0], final[1])  # the last one hears the question
+    with pytest.raises(UserError, match="out of range"):
+        build_image_encoder({"type": "film_cnn", "params": {"cond_dim": 8, "pixel_layer": False, "film_layers": [4],
+                                                             "channels": [8, 8, 16, 16]}})
+    with pytest.raises(UserError, match="both set"):
+        build_image_encoder({"type": "film_cnn", "params": {"cond_dim": 8, "every_layer": True, "film_layers": [1]}})
+
+
+def test_unconditioned_view_is_the_plain_encoder_beside_the_film_one():
+    model = tiny(image_encoder=ENCODERS["film_two_views"]).eval()
+    enc = model.image_encoder
+    assert enc.out_dim == 32
+    for film in enc.layer_films.values():
+        torch.nn.init.normal_(film.weight, std=0.5)
+    b = batch()
+    grid = model._encode_image(b)
+    other = model._encode_image(dict(b, input_ids=b["input_ids"].flip(1)))
+    plain = enc.run_stages(add_coords(b["image"]))  # the same filters, no question
+    torch.testing.assert_close(grid[:, :16], plain)
+    torch.testing.assert_close(other[:, :16], plain)
+    assert not torch.allclose(grid[:, 16:], other[:, 16:])
+    with pytest.raises(UserError, match="pixel_layer: false"):
+        build_image_encoder({"type": "film_cnn", "params": {"cond_dim": 8, "unconditioned_view": True}})
+
+
+def test_pools_head_reads_the_mean_and_max_of_the_real_visual_tokens():
+    from mmvl.models.visual_bert import masked_mean_max
+
+    tokens = torch.tensor([[[1.0, -1.0], [3.0, -5.0], [100.0, 100.0]]])
+    mean, maxed = masked_mean_max(tokens, torch.tensor([[1, 1, 0]]))
+    torch.testing.assert_close(mean, torch.tensor([[2.0, -3.0]]))
+    torch.testing.assert_close(maxed, torch.tensor([[3.0, -1.0]]))  # the padded token is ignored
+    _, none = masked_mean_max(tokens, torch.zeros(1, 3, dtype=torch.long))
+    torch.testing.assert_close(none, torch.zeros(1, 2))
+    model = tiny(classifier_input="pooled_and_pools").eval()
+    assert model.classifier[1].in_features == 3 * 32
+    b = batch()
+    scores = model(b)["scores"]
+    assert scores.shape == (3, 7)
+    torch.testing.assert_close(model({k: v[1:2] for k, v in b.items()})["scores"], scores[1:2], rtol=1e-4, atol=1e-5)
+    regions = tiny(classifier_input="pooled_and_pools", feature_dim=6)  # no fixed grid needed
+    assert regions.classifier[1].in_features == 3 * 32
+    everything = tiny(classifier_input=["pooled", "visual", "mean", "max"], image_size=75)
+    assert everything.classifier[1].in_features == (1 + 25 + 2) * 32
+    assert everything(b)["scores"].shape == (3, 7)
+    for bad in (["pooled", "pooled"], ["cls"], "visual_only"):
+        with pytest.raises(UserError, match="classifier_input"):
+            tiny(classifier_input=bad)
+    with pytest.raises(UserError, match="fixed image grid"):
+        tiny(classifier_input="pooled_and_visual", feature_dim=6)
 
 
 def test_pooled_and_visual_head_reads_every_visual_token():

@@ -33,6 +33,7 @@ from mmvl.checkpoint import make_temp_dir
 from mmvl.config.access import config_value
 from mmvl.config.components import build_component, component_spec
 from mmvl.data.base import DatasetBuilder
+from mmvl.data.datasets.sort_of_clevr_regions import object_regions
 from mmvl.data.cache import Cache, default_root, fingerprint, load_table, make_key, save_table
 from mmvl.data.records import Table
 from mmvl.data.processors.text import SPECIAL_TOKENS, words_of, write_word_vocab
@@ -52,6 +53,8 @@ TEMPLATES = [
     "what is the shape of the object furthest from the {} object?",
     "how many objects have the same shape as the {} object?",
 ]
+#: metric names of the question types (``accuracy/<name>``), in TEMPLATES order
+TYPE_NAMES = ["shape", "left", "top", "closest", "furthest", "count"]
 FAMILY_NAMES = ["non_relational", "relational"]
 GENERATOR_VERSION = 1
 SPLITS = ("train", "val", "test")
@@ -136,11 +139,16 @@ def generate_split(num_images: int, questions_per_image: int, seed: int, size: i
 
 
 class SortOfClevrDataset(Dataset):
-    """One split: items are dicts of a normalised image, question tokens and the answer index."""
+    """One split: items are dicts of a normalised image (or object regions), question tokens and the answer.
+
+    With ``regions`` (see :func:`object_regions`) an item has ``features`` (6 x D, pixels in
+    [0, 1]), ``boxes`` (6 x 4) and ``feature_mask`` (6) instead of ``image``.
+    """
 
     def __init__(self, images: np.ndarray, questions: Table | list[dict[str, Any]], text_processor,
-                 mean: list[float], std: list[float]):
-        self.images = torch.from_numpy(images).permute(0, 3, 1, 2).contiguous()  # uint8 NxCxHxW
+                 mean: list[float], std: list[float], regions: dict[str, np.ndarray] | None = None):
+        self.images = None if regions else torch.from_numpy(images).permute(0, 3, 1, 2).contiguous()  # uint8
+        self.regions = None if not regions else {k: torch.from_numpy(v) for k, v in regions.items()}
         self.questions = questions if isinstance(questions, Table) else Table.from_rows(questions)
         questions = self.questions
         self.ids, self.image_rows = questions.column("id"), questions.column("image")
@@ -154,9 +162,17 @@ class SortOfClevrDataset(Dataset):
     def __len__(self) -> int:
         return len(self.questions)
 
+    def visual(self, image: int) -> dict[str, Any]:
+        """The image's pixels, normalised, or its object regions."""
+        if self.regions is None:
+            return {"image": self.images[image].float() * self.scale + self.shift}
+        feats = self.regions["features"][image]
+        return {"features": feats.float() / 255.0, "boxes": self.regions["boxes"][image],
+                "feature_mask": torch.ones(feats.shape[0], dtype=torch.long)}
+
     def __getitem__(self, index: int) -> dict[str, Any]:
         qtype = int(self.types[index])
-        item: dict[str, Any] = {"image": self.images[int(self.image_rows[index])].float() * self.scale + self.shift}
+        item: dict[str, Any] = self.visual(int(self.image_rows[index]))
         item.update(self.text_processor(self.texts[index]))
         item.update(targets=int(self.answers[index]), question_family=int(qtype >= 3), question_type=qtype,
                     id=int(self.ids[index]), image_id=int(self.image_rows[index]))
@@ -180,6 +196,10 @@ class SortOfClevrBuilder(DatasetBuilder):
             "image_size": int(get("image_size", 75)), "object_size": int(get("object_size", 5)),
             "background": str(get("background", "white")), "version": GENERATOR_VERSION,
         }
+        self.regions = get("regions", None)
+        if self.regions not in (None, "crops"):
+            raise UserError(f"sort_of_clevr: regions={self.regions!r}; use null (pixels) or 'crops' (object regions "
+                            "cut at the generator's boxes).")
         self._check_params()
         self.mean = list(get("mean", [0.5, 0.5, 0.5]))
         self.std = list(get("std", [0.5, 0.5, 0.5]))
@@ -271,16 +291,30 @@ class SortOfClevrBuilder(DatasetBuilder):
     def build(self, split: str) -> Dataset:
         questions = self.questions(split)
         with np.load(self._require(f"{split}.npz"), allow_pickle=False) as arrays:
-            images = arrays["images"]
-        return SortOfClevrDataset(images, questions, self.text_processor, self.mean, self.std)
+            images, centers = arrays["images"], arrays["centers"]
+        regions = None
+        if self.regions == "crops":
+            p = self.params
+            regions = object_regions(images, centers, p["object_size"], 255 if p["background"] == "white" else 0,
+                                     seed=p["seed"] * 3 + SPLITS.index(split) + 1000)
+        return SortOfClevrDataset(images, questions, self.text_processor, self.mean, self.std, regions)
+
+    def scenes(self, split: str) -> dict[str, np.ndarray]:
+        """``split``'s object centres (N x 6 x 2, (x, y) in pixels) and shapes (N x 6), e.g. for probes."""
+        with np.load(self._require(f"{split}.npz"), allow_pickle=False) as arrays:
+            return {"centers": arrays["centers"], "shapes": arrays["shapes"]}
 
     def model_info(self) -> dict[str, int]:
-        """Values the model config leaves null: ``vocab_size`` and ``num_labels`` (no files needed)."""
+        """Values the model config leaves null: ``vocab_size``, ``num_labels`` and, with regions,
+        ``feature_dim`` (no files needed)."""
         if self._processor is None and self._tokenizer_spec()[1].get("tokenizer_path") is None:
             vocab_size = len(SPECIAL_TOKENS) + len(words_of(all_questions()))  # what prepare() writes
         else:
             vocab_size = int(self.text_processor.vocab_size)
-        return {"vocab_size": vocab_size, "num_labels": len(ANSWERS)}
+        info = {"vocab_size": vocab_size, "num_labels": len(ANSWERS)}
+        if self.regions == "crops":  # the width of the served region features
+            info["feature_dim"] = (2 * self.params["object_size"] + 3) ** 2 * 3
+        return info
 
     def prior_answers(self) -> dict[int, int]:
         """Most frequent training answer per question type (ties go to the lower answer index)."""
@@ -290,8 +324,15 @@ class SortOfClevrBuilder(DatasetBuilder):
         return {t: min(c, key=lambda a: (-c[a], a)) for t, c in counts.items() if c}
 
     def extra_metrics(self, split: str) -> dict[str, float]:
-        """``accuracy/prior``: answering each question type with its most frequent training answer."""
+        """What answering each question type with its most frequent training answer scores on ``split``.
+
+        ``accuracy/prior`` overall, ``accuracy/prior/<family>`` and ``accuracy/prior/<type>``: the
+        reference each ``accuracy/...`` metric must beat to show that the model read the image.
+        """
         prior = self.prior_answers()
-        questions = self.questions(split)
-        hits = sum(prior.get(q["type"]) == q["answer"] for q in questions)
-        return {"accuracy/prior": hits / max(1, len(questions))}
+        hits: dict[str, list[int]] = {"": [], **{f"/{n}": [] for n in FAMILY_NAMES + TYPE_NAMES}}
+        for q in self.questions(split):
+            hit = int(prior.get(q["type"]) == q["answer"])
+            for name in ("", f"/{FAMILY_NAMES[int(q['type'] >= 3)]}", f"/{TYPE_NAMES[q['type']]}"):
+                hits[name].append(hit)
+        return {f"accuracy/prior{name}": sum(h) / max(1, len(h)) for name, h in hits.items() if h or not name}

@@ -28,6 +28,16 @@ class FiLMCNNEncoder(CNNEncoder):
     design); the word can then select an object's colour early and gate its shape features
     later. On Sort-of-CLEVR this solved all non-relational questions (shape included) in
     2,000 updates, where the pixel layer alone left shape at chance after 4,000.
+    ``film_layers``: FiLM only these conv layers (0-based), e.g. ``[2]`` for the last of three.
+    Why: FiLM on the first layer lets the question gate colours before shapes are seen, so
+    the visual tokens keep only the named object's shape (a linear probe reads the other
+    objects' shapes at chance, ``benchmarks/sort_of_clevr_probe.py``), and no question
+    about *another* object's shape (closest, furthest, count) can be answered. FiLM on the
+    last layer only highlights the named object while every object's shape survives.
+    ``unconditioned_view``: also run the same conv layers without FiLM and concatenate both
+    outputs per cell (``out_dim`` doubles, the cost too). The FiLM view marks the object the
+    question names; the plain view keeps every object's shape and position, computed by the
+    very filters the questions trained, so early FiLM's fast binding and a full scene coexist.
     ``forward(images, cond)`` with ``cond`` of shape ``(B, cond_dim)``; without
     ``cond`` the modulation is the identity.
     """
@@ -35,20 +45,33 @@ class FiLMCNNEncoder(CNNEncoder):
     conditioned = True
 
     def __init__(self, cond_dim: int, film_channels: int = 24, in_channels: int = 3,
-                 pixel_layer: bool = True, every_layer: bool = False, **kwargs):
-        if not (pixel_layer or every_layer):
-            raise UserError("film_cnn: pixel_layer and every_layer are both false; enable at least one.")
+                 pixel_layer: bool = True, every_layer: bool = False, film_layers: list[int] | None = None,
+                 unconditioned_view: bool = False, **kwargs):
+        if every_layer and film_layers is not None:
+            raise UserError("film_cnn: every_layer and film_layers are both set; every_layer FiLMs all conv layers, "
+                            "film_layers only the listed ones: give one of them.")
+        if not (pixel_layer or every_layer or film_layers):
+            raise UserError("film_cnn: pixel_layer, every_layer and film_layers are all off; enable at least one.")
+        if unconditioned_view and pixel_layer:
+            raise UserError("film_cnn: unconditioned_view needs pixel_layer: false (the pixel FiLM layer would "
+                            "condition both views); FiLM the conv layers with every_layer or film_layers.")
         super().__init__(in_channels=film_channels if pixel_layer else in_channels, **kwargs)
+        self.unconditioned_view = bool(unconditioned_view)
+        self.out_dim = self.out_dim * (2 if unconditioned_view else 1)
         # normalised first: word embeddings start tiny (std 0.02), which would stall FiLM's gradient
         self.cond_norm = nn.LayerNorm(cond_dim, elementwise_affine=False)
         self.pixel = nn.Conv2d(in_channels, film_channels, 1) if pixel_layer else None
         self.film = nn.Linear(cond_dim, 2 * film_channels) if pixel_layer else None
-        self.layer_films = None
-        if every_layer:
-            self.layer_films = nn.ModuleList(nn.Linear(cond_dim, 2 * stage[0].out_channels) for stage in self.stages)
-            for film in self.layer_films:  # start as the identity modulation
-                nn.init.normal_(film.weight, std=0.02)
-                nn.init.zeros_(film.bias)
+        layers = list(range(len(self.stages))) if every_layer else [int(i) for i in film_layers or []]
+        bad = [i for i in layers if not 0 <= i < len(self.stages)]
+        if bad:
+            raise UserError(f"film_cnn: film_layers {bad} out of range; the encoder has conv layers "
+                            f"0..{len(self.stages) - 1}.")
+        self.layer_films = nn.ModuleDict({str(i): nn.Linear(cond_dim, 2 * self.stages[i][0].out_channels)
+                                          for i in layers}) if layers else None
+        for film in (self.layer_films or {}).values():  # start as the identity modulation
+            nn.init.normal_(film.weight, std=0.02)
+            nn.init.zeros_(film.bias)
 
     def forward(self, images: torch.Tensor, cond: torch.Tensor | None = None) -> torch.Tensor:
         c = None if cond is None else self.cond_norm(cond.to(images.dtype))
@@ -61,12 +84,25 @@ class FiLMCNNEncoder(CNNEncoder):
             x = torch.relu(x)
         x = add_coords(x) if self.coords else x
         if self.layer_films is None or c is None:
-            return self.run_stages(x)
-        for stage, film in zip(self.stages, self.layer_films):
-            if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
-                x = checkpoint(_film_stage, stage, film, x, c, use_reentrant=False)
+            plain = self.run_stages(x)
+            return torch.cat([plain, plain], dim=1) if self.unconditioned_view else plain
+        first = min(int(i) for i in self.layer_films)  # the layers before it are shared by both views
+        x = self._stages(x, 0, first, None)
+        conditioned = self._stages(x, first, len(self.stages), c)
+        if not self.unconditioned_view:
+            return conditioned
+        return torch.cat([self._stages(x, first, len(self.stages), None), conditioned], dim=1)
+
+    def _stages(self, x: torch.Tensor, start: int, stop: int, c: torch.Tensor | None) -> torch.Tensor:
+        """Conv layers ``start..stop-1``, FiLM-ed where configured when ``c`` is given."""
+        ckpt = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
+        for i in range(start, stop):
+            stage = self.stages[i]
+            film = self.layer_films[str(i)] if c is not None and str(i) in self.layer_films else None
+            if film is None:
+                x = checkpoint(stage, x, use_reentrant=False) if ckpt else stage(x)
             else:
-                x = _film_stage(stage, film, x, c)
+                x = checkpoint(_film_stage, stage, film, x, c, use_reentrant=False) if ckpt else _film_stage(stage, film, x, c)
         return x
 
 

@@ -73,22 +73,26 @@ class CNNEncoder(_Checkpointable):
     """A small conv stack (conv -> GroupNorm -> ReLU per layer) trained from pixels.
 
     ``strides`` set the output grid: four stride-2 layers take 75x75 to 5x5.
+    ``kernel_size``: one size for every layer, or one per layer (e.g. a cheap 5x5 stride-4 stem:
+    ``kernel_size: [5, 3, 3]``, ``strides: [4, 2, 2]``).
     ``coords`` adds CoordConv channels so each cell's feature carries its position.
     """
 
     def __init__(self, in_channels: int = 3, channels: list[int] | None = None, strides: list[int] | None = None,
-                 kernel_size: int = 3, coords: bool = True, groups: int = 8):
+                 kernel_size: int | list[int] = 3, coords: bool = True, groups: int = 8):
         super().__init__()
         channels = list(channels or [32, 64, 64, 64])
         strides = list(strides or [2] * len(channels))
-        if len(strides) != len(channels):
-            raise UserError(f"cnn image encoder: strides {strides} and channels {channels} must have equal lengths.")
+        kernels = [int(kernel_size)] * len(channels) if isinstance(kernel_size, int) else list(kernel_size)
+        if len(strides) != len(channels) or len(kernels) != len(channels):
+            raise UserError(f"cnn image encoder: strides {strides}, kernel sizes {kernel_size} and channels "
+                            f"{channels} must have equal lengths.")
         self.coords = coords
         self.out_dim = channels[-1]
         layers, prev = [], in_channels + 2 * coords
-        for ch, stride in zip(channels, strides):
+        for ch, stride, kernel in zip(channels, strides, kernels):
             layers.append(nn.Sequential(
-                nn.Conv2d(prev, ch, kernel_size, stride=stride, padding=kernel_size // 2),
+                nn.Conv2d(prev, ch, kernel, stride=stride, padding=kernel // 2),
                 nn.GroupNorm(_groups(ch, groups), ch), nn.ReLU(inplace=True)))
             prev = ch
         self.stages = nn.ModuleList(layers)

@@ -44,12 +44,18 @@ class RegionEmbeddings(nn.Module):
 
     token = proj(feature) + box(x1, y1, x2, y2, area) + visual token type, then
     LayerNorm and dropout. Without boxes the regions carry no position.
+
+    ``box_norm``: LayerNorm the feature and the box projections each before adding them (as
+    LXMERT does), so a box's 5 numbers weigh as much as the feature's hundreds or thousands;
+    with one shared LayerNorm the position is a few percent of the token.
     """
 
-    def __init__(self, feature_dim: int, hidden: int, dropout: float, eps: float, std: float = 0.02):
+    def __init__(self, feature_dim: int, hidden: int, dropout: float, eps: float, std: float = 0.02,
+                 box_norm: bool = False):
         super().__init__()
         self.proj = nn.Linear(feature_dim, hidden)
         self.box = nn.Linear(BOX_DIM, hidden)
+        self.part_norms = nn.ModuleList([nn.LayerNorm(hidden, eps=eps) for _ in range(2)]) if box_norm else None
         self.token_type = nn.Parameter(torch.zeros(hidden))
         self.norm = nn.LayerNorm(hidden, eps=eps)
         self.dropout = nn.Dropout(dropout)
@@ -58,7 +64,11 @@ class RegionEmbeddings(nn.Module):
             nn.init.zeros_(layer.bias)
 
     def forward(self, features: torch.Tensor, boxes: torch.Tensor | None) -> torch.Tensor:
-        tokens = self.proj(features) + self.token_type
+        feats = self.proj(features)
+        if self.part_norms is not None:
+            feats = self.part_norms[0](feats)
+        tokens = feats + self.token_type
         if boxes is not None:
-            tokens = tokens + self.box(boxes)
+            box = self.box(boxes)
+            tokens = tokens + (box if self.part_norms is None else self.part_norms[1](box))
         return self.dropout(self.norm(tokens))

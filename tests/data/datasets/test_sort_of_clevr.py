@@ -97,18 +97,56 @@ def test_prior_uses_training_answers(tmp_path):
     b._questions = {  # hand-set questions: type 0 mostly 'square' in train
         "train": [{"type": 0, "answer": 1}, {"type": 0, "answer": 1}, {"type": 0, "answer": 0},
                   {"type": 5, "answer": 6}],
-        "val": [{"type": 0, "answer": 1}, {"type": 0, "answer": 0}, {"type": 5, "answer": 6},
-                {"type": 3, "answer": 0}],
+        "val": [{"type": 0, "answer": 1}, {"type": 0, "answer": 1}, {"type": 0, "answer": 0},
+                {"type": 5, "answer": 6}, {"type": 3, "answer": 0}],
     }
     assert b.prior_answers() == {0: 1, 5: 6}
-    assert b.extra_metrics("val") == {"accuracy/prior": pytest.approx(2 / 4)}
+    # type 3 has no training answer: never right; types without questions are left out
+    assert b.extra_metrics("val") == {
+        "accuracy/prior": pytest.approx(3 / 5), "accuracy/prior/non_relational": pytest.approx(2 / 3),
+        "accuracy/prior/relational": pytest.approx(1 / 2), "accuracy/prior/shape": pytest.approx(2 / 3),
+        "accuracy/prior/closest": 0.0, "accuracy/prior/count": 1.0}
+
+
+def test_per_type_accuracy_from_the_dataset_config():
+    """The shipped metrics report accuracy per family and per question type, next to the overall figure."""
+    from mmvl.config import load_config
+    from mmvl.metrics import build_metrics
+
+    config = load_config(["datasets=sort_of_clevr", "model=visual_bert"])
+    metrics = build_metrics(list(config.dataset_config.sort_of_clevr.metrics))
+    types = torch.tensor([0, 0, 1, 2, 3, 3, 3, 4, 5, 5])
+    targets = torch.tensor([0, 1, 2, 3, 0, 1, 0, 1, 4, 5])
+    predicted = torch.tensor([0, 0, 2, 2, 0, 1, 1, 1, 4, 9])  # right: 0, 2, 4, 5, 7, 8
+    batch = {"targets": targets, "question_type": types, "question_family": (types >= 3).long()}
+    output = {"scores": torch.nn.functional.one_hot(predicted, 10).float()}
+    values = {}
+    for metric in metrics:
+        values.update(metric(batch, output))
+    assert values == pytest.approx({
+        "accuracy": 0.6, "accuracy/non_relational": 0.5, "accuracy/relational": 4 / 6,
+        "accuracy/shape": 0.5, "accuracy/left": 1.0, "accuracy/top": 0.0, "accuracy/closest": 2 / 3,
+        "accuracy/furthest": 1.0, "accuracy/count": 0.5})
+    assert soc.TYPE_NAMES == list(config.dataset_config.sort_of_clevr.metrics[1].params.group_names)
 
 
 def test_prior_on_generated_data_is_near_chance(tmp_path):
     b = builder(tmp_path, num_images=60, num_val_images=40, questions_per_image=36)
     b.prepare()
-    prior = b.extra_metrics("val")["accuracy/prior"]
-    assert 0.35 < prior < 0.6  # binary types ~0.5, counting ~0.31
+    values = b.extra_metrics("val")
+    assert 0.35 < values["accuracy/prior"] < 0.6  # binary types ~0.5, counting ~0.31
+    assert 0.2 < values["accuracy/prior/count"] < 0.45
+    assert set(values) == {"accuracy/prior", *(f"accuracy/prior/{n}" for n in soc.FAMILY_NAMES + soc.TYPE_NAMES)}
+
+
+def test_scenes_match_the_questions(tmp_path):
+    b = builder(tmp_path)
+    b.prepare()
+    scenes = b.scenes("val")
+    assert scenes["centers"].shape == (3, 6, 2) and scenes["shapes"].shape == (3, 6)
+    for q in b.questions("val"):
+        assert q["answer"] == soc.answer(q["type"], q["color"], scenes["centers"][q["image"]],
+                                         scenes["shapes"][q["image"]], 75)
 
 
 def test_items_and_model_info(tmp_path):
@@ -164,6 +202,21 @@ def test_meta_records_params(tmp_path):
     b.prepare()
     meta = json.loads((b.root / "meta.json").read_text())
     assert meta["params"]["seed"] == 3 and meta["answers"] == ANSWERS
+
+
+def test_regions_option_serves_features_instead_of_pixels(tmp_path):
+    b = builder(tmp_path, regions="crops")
+    assert b.model_info()["feature_dim"] == 507 and "feature_dim" not in builder(tmp_path).model_info()
+    b.prepare()
+    ds = b.build("val")
+    batch = collate([ds[0], ds[1]])
+    assert "image" not in batch
+    assert batch["features"].shape == (2, 6, 507) and batch["features"].dtype == torch.float32
+    assert 0.0 <= batch["features"].min() and batch["features"].max() == 1.0
+    assert batch["boxes"].shape == (2, 6, 4) and batch["feature_mask"].eq(1).all()
+    assert ((batch["boxes"][..., 2:] - batch["boxes"][..., :2]) * 75).sub(11).abs().max() < 1e-4
+    with pytest.raises(UserError, match="regions"):
+        builder(tmp_path, regions="boxes")
 
 
 def test_generated_folder_follows_the_umask(tmp_path, umask):

@@ -1,0 +1,251 @@
+"""relation_network: the pair sum equals g on every concatenated pair, coordinates follow the grid,
+batch and padding independence, checkpointing, user errors, and training through mmvl_run."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+from torch import nn
+
+from mmvl.errors import UserError
+from mmvl.models.relation_network import PairwiseRelation, RelationNetwork, cell_coordinates
+from mmvl.registry import MODELS
+
+TINY_YAML = Path(__file__).parent / "tiny" / "relation_network.yaml"
+RN_PROJECT = Path(__file__).parents[2] / "projects" / "relation_network" / "configs" / "sort_of_clevr" / "defaults.yaml"
+TINY = {"vocab_size": 20, "num_labels": 5, "f_dropout": 0.0, "g_hidden_sizes": [16, 12], "f_hidden_sizes": [8],
+        "question_encoder": {"word_dim": 6, "hidden_size": 10},
+        "image_encoder": {"type": "cnn", "params": {"channels": [8, 8], "strides": [4, 4], "coords": False}}}
+
+
+def tiny(**overrides) -> RelationNetwork:
+    torch.manual_seed(0)
+    return RelationNetwork(OmegaConf.create({**TINY, **overrides}))
+
+
+def batch(n: int = 3) -> dict:
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(4, 20, (n, 7), generator=g)
+    mask = torch.ones_like(ids)
+    ids[0, 5:], mask[0, 5:] = 0, 0  # one padded question
+    return {"input_ids": ids, "attention_mask": mask, "image": torch.randn(n, 3, 32, 32, generator=g),
+            "targets": torch.tensor([0, 1, 2, 3][:n])}
+
+
+def test_registered_shapes_and_gradients():
+    assert MODELS.get("relation_network") is RelationNetwork
+    model = tiny()
+    out = model(batch())
+    assert out["scores"].shape == (3, 5)
+    nn.functional.cross_entropy(out["scores"], batch()["targets"]).backward()
+    for name in ("image_encoder.stages.0.0.weight", "word_embeddings.weight", "relation.left.weight",
+                 "relation.question.weight", "f.0.weight"):
+        assert model.get_parameter(name).grad.abs().sum() > 0, name  # every part reaches the loss
+
+
+def test_pair_sum_equals_g_on_every_concatenated_pair():
+    torch.manual_seed(0)
+    rel = PairwiseRelation(object_dim=4, question_dim=3, hidden_sizes=[6, 5])
+    objects, question = torch.randn(2, 5, 4), torch.randn(2, 3)
+    first = torch.cat([rel.left.weight, rel.right.weight, rel.question.weight], dim=1)  # one layer on [o_i; o_j; q]
+    expected = torch.zeros(2, 5)
+    for b in range(2):
+        for i in range(5):
+            for j in range(5):
+                pair = torch.cat([objects[b, i], objects[b, j], question[b]])
+                expected[b] += rel.rest(torch.relu(first @ pair + rel.question.bias))
+    torch.testing.assert_close(rel(objects, question), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_mean_reduction_is_the_sum_over_the_pair_count():
+    torch.manual_seed(0)
+    summed = PairwiseRelation(4, 3, [6, 5])
+    averaged = PairwiseRelation(4, 3, [6, 5], reduction="mean")
+    averaged.load_state_dict(summed.state_dict())
+    objects, question = torch.randn(2, 5, 4), torch.randn(2, 3)
+    torch.testing.assert_close(averaged(objects, question) * 25, summed(objects, question))
+    with pytest.raises(UserError, match="pair_reduction"):
+        PairwiseRelation(4, 3, [6], reduction="max")
+
+
+def test_cell_coordinates_follow_the_flattened_grid():
+    coords = cell_coordinates(2, 3, torch.device("cpu"), torch.float32)
+    grid = torch.arange(6.0).view(1, 1, 2, 3)
+    assert grid.flatten(2)[0, 0, 4] == grid[0, 0, 1, 1]  # row-major: cell 4 is row 1, column 1
+    torch.testing.assert_close(coords[4], torch.tensor([0.0, 1.0]))  # x of the middle column, y of the last row
+    torch.testing.assert_close(coords[0], torch.tensor([-1.0, -1.0]))
+    torch.testing.assert_close(coords[5], torch.tensor([1.0, 1.0]))
+
+
+def test_objects_carry_their_cell_coordinates():
+    model = tiny()
+    objects = model.objects(batch())
+    assert objects.shape == (3, 4, 8 + 2)  # 32 px / 16 = 2 x 2 cells, 8 channels + (x, y)
+    torch.testing.assert_close(objects[1, :, -2:], cell_coordinates(2, 2, torch.device("cpu"), torch.float32))
+
+
+def test_batch_and_padding_independent():
+    model = tiny().eval()
+    b = batch()
+    full = model(b)["scores"]
+    single = model({k: v[1:2] for k, v in b.items()})["scores"]
+    torch.testing.assert_close(full[1:2], single, rtol=1e-4, atol=1e-5)
+    short = {k: (v[:1, :5] if k in ("input_ids", "attention_mask") else v[:1]) for k, v in b.items()}
+    torch.testing.assert_close(full[:1], model(short)["scores"], rtol=1e-4, atol=1e-5)  # padding is ignored
+
+
+def test_gradient_checkpointing_gives_the_same_gradients():
+    b = batch()
+    plain, ckpt = tiny().train(), tiny().train()
+    ckpt.enable_gradient_checkpointing()
+    recomputed = []
+    ckpt.relation.left.register_forward_pre_hook(lambda *_: recomputed.append(1))
+    for model in (plain, ckpt):
+        nn.functional.cross_entropy(model(b)["scores"], b["targets"]).backward()
+    assert len(recomputed) == 2  # the pairs ran again in backward
+    for (name, p), q in zip(plain.named_parameters(), ckpt.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=name)
+    assert [type(u) for u in ckpt.shard_units()] == [type(ckpt.image_encoder), PairwiseRelation]
+
+
+def test_film_encoder_hears_the_question():
+    model = tiny(image_encoder={"type": "film_cnn", "params": {"pixel_layer": False, "film_layers": [1],
+                                                               "channels": [8, 8], "strides": [4, 4]}}).eval()
+    assert model.image_encoder.cond_norm.normalized_shape == (10 + 6,)  # the LSTM state and the mean word embedding
+    for film in model.image_encoder.layer_films.values():
+        torch.nn.init.normal_(film.weight, std=0.5)
+    b = batch()
+    other = dict(b, input_ids=b["input_ids"].flip(1))
+    assert not torch.allclose(model.objects(b), model.objects(other))  # same pixels, other question
+    torch.testing.assert_close(model.objects(b), model.objects(b, model.encode_question(b)))
+
+
+def test_user_errors():
+    with pytest.raises(UserError, match="vocab_size"):
+        tiny(vocab_size=None)
+    with pytest.raises(UserError, match="num_labels"):
+        tiny(num_labels=None)
+    with pytest.raises(UserError, match="g_hidden_sizes"):
+        PairwiseRelation(4, 3, [])
+    with pytest.raises(UserError, match="no 'image'"):
+        tiny()({k: v for k, v in batch().items() if k != "image"})
+
+
+def test_tiny_config_trains_through_mmvl_run(tmp_path):
+    from mmvl_cli.run import main
+
+    assert main([f"config={TINY_YAML}", f"env.save_dir={tmp_path}/save", f"env.data_dir={tmp_path}/data"]) == 0
+    events = [json.loads(line) for line in open(tmp_path / "save" / "metrics.jsonl")]
+    train = [e["total_loss"] for e in events if e["split"] == "train"]
+    assert len(train) == 2 and all(loss == loss for loss in train)
+    val = [e for e in events if e["split"] == "val"][-1]
+    assert {"accuracy/relational", "accuracy/count", "accuracy/prior/relational"} <= set(val)
+
+
+def region_batch(n: int = 3, m: int = 4, dim: int = 7) -> dict:
+    g = torch.Generator().manual_seed(2)
+    b = batch(n)
+    del b["image"]
+    corners = torch.rand(n, m, 2, generator=g) * 0.5
+    return dict(b, features=torch.rand(n, m, dim, generator=g), boxes=torch.cat([corners, corners + 0.3], -1),
+                feature_mask=torch.ones(n, m, dtype=torch.long))
+
+
+def test_regions_are_the_objects_and_padded_regions_join_no_pair():
+    model = tiny(feature_dim=7, object_encoder_sizes=[9]).eval()
+    assert model.image_encoder is None and model.shard_units() == [model.relation]
+    b = region_batch()
+    objects = model.objects(b)
+    assert objects.shape == (3, 4, 7 + 5)  # features, then x1, y1, x2, y2 and the area
+    torch.testing.assert_close(objects[..., 7:11], b["boxes"])
+    scores = model(b)["scores"]
+    padded = dict(b, features=torch.cat([b["features"], torch.randn(3, 2, 7)], 1),
+                  boxes=torch.cat([b["boxes"], torch.rand(3, 2, 4)], 1),
+                  feature_mask=torch.cat([b["feature_mask"], torch.zeros(3, 2, dtype=torch.long)], 1))
+    torch.testing.assert_close(model(padded)["scores"], scores, rtol=1e-4, atol=1e-5)
+    shuffled = dict(b, features=b["features"].flip(1), boxes=b["boxes"].flip(1))
+    torch.testing.assert_close(model(shuffled)["scores"], scores, rtol=1e-4, atol=1e-5)  # a set, not a sequence
+    with pytest.raises(UserError, match="feature_dim"):
+        model(dict(b, features=torch.rand(3, 4, 5)))
+    with pytest.raises(UserError, match="boxes"):
+        model({k: v for k, v in b.items() if k != "boxes"})
+
+
+def relational_losses(steps: int, tmp_path) -> tuple[float, float]:
+    """Train the project config's relation_network over regions for ``steps`` updates on a small
+    Sort-of-CLEVR; return the held-out cross-entropy on relational questions and that of the prior
+    (each question type's training answer frequencies: the best a model blind to the image can do)."""
+    from mmvl.build import build_datasets, build_model
+    from mmvl.config import load_config
+    from mmvl.data.sample import collate
+
+    config = load_config([f"config={RN_PROJECT}", f"env.data_dir={tmp_path}", "training.seed=0",
+                          "dataset_config.sort_of_clevr.num_images=600", "dataset_config.sort_of_clevr.num_val_images=60"])
+    builder = build_datasets(config)["sort_of_clevr"]
+    builder.prepare()
+    train, val = builder.build("train"), builder.build("val")
+    torch.manual_seed(0)
+    model = build_model(config, {"sort_of_clevr": builder}).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    order = torch.randperm(len(train), generator=torch.Generator().manual_seed(0))
+    for step in range(steps):
+        rows = order[(step * 32) % len(train):][:32].tolist()
+        batch = collate([train[i] for i in rows])
+        loss = nn.functional.cross_entropy(model(batch)["scores"], batch["targets"])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    counts = torch.ones(6, 10)  # add-one smoothing keeps the prior's loss finite
+    for q in builder.questions("train"):
+        counts[q["type"], q["answer"]] += 1
+    prior = (counts / counts.sum(1, keepdim=True)).log()
+    batch = collate([val[i] for i in range(len(val))])
+    relational = batch["question_family"] == 1
+    with torch.no_grad():
+        scores = model.eval()(batch)["scores"][relational]
+    targets, types = batch["targets"][relational], batch["question_type"][relational]
+    model_loss = nn.functional.cross_entropy(scores, targets).item()
+    prior_loss = -prior[types, targets].mean().item()
+    return model_loss, prior_loss
+
+
+def test_relational_loss_falls_below_the_priors(tmp_path):
+    model_loss, prior_loss = relational_losses(400, tmp_path)
+    assert model_loss < prior_loss - 0.05, (model_loss, prior_loss)
+
+
+def test_first_object_weights_replace_the_pair_sum():
+    torch.manual_seed(0)
+    rel = PairwiseRelation(4, 3, [6, 5])
+    objects, question = torch.randn(2, 5, 4), torch.randn(2, 3)
+    first = torch.softmax(torch.randn(2, 5), -1)
+    per_pair = rel.rest(torch.relu(rel.left(objects).unsqueeze(2) + rel.right(objects).unsqueeze(1)
+                                   + rel.question(question)[:, None, None, :]))  # B x i x j x H
+    expected = (per_pair * first[:, :, None, None]).sum(dim=(1, 2))
+    torch.testing.assert_close(rel(objects, question, None, first), expected)
+    uniform = torch.full((2, 5), 1 / 5)
+    torch.testing.assert_close(rel(objects, question, None, uniform) * 5, rel(objects, question))  # = the plain sum
+
+
+def test_question_attention_film_and_crop_encoder_options():
+    crop = {"type": "cnn", "params": {"channels": [4, 6], "strides": [1, 2], "coords": False}}
+    b = region_batch(dim=5 * 5 * 3)
+    plain = tiny(feature_dim=75, object_encoder_sizes=[9])
+    film = tiny(feature_dim=75, object_encoder_sizes=[9], object_encoder_film=True)
+    film.load_state_dict(plain.state_dict(), strict=False)  # FiLM starts as the identity (gamma = beta = 0)
+    torch.testing.assert_close(film.eval()(b)["scores"], plain.eval()(b)["scores"])
+    attending = tiny(feature_dim=75, question_attention=16).eval()
+    assert attending.attention["key"].out_features == 16
+    scores = attending(b)["scores"]
+    shuffled = dict(b, features=b["features"].flip(1), boxes=b["boxes"].flip(1))
+    torch.testing.assert_close(attending(shuffled)["scores"], scores, rtol=1e-4, atol=1e-5)  # still a set
+    cropped = tiny(feature_dim=75, crop_encoder=True, image_encoder=crop).eval()
+    objects = cropped.objects(b)
+    assert objects.shape == (3, 4, 6 + 5)  # the CNN's channels averaged over each 5x5 crop, then the box
+    one = cropped.objects({k: v[:, :1] if k in ("features", "boxes", "feature_mask") else v for k, v in b.items()})
+    torch.testing.assert_close(one[:, 0], objects[:, 0], rtol=1e-4, atol=1e-5)  # each crop on its own
+    with pytest.raises(UserError, match="3 \\* side"):
+        tiny(feature_dim=7, crop_encoder=True, image_encoder=crop)
