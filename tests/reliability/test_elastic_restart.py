@@ -14,6 +14,8 @@ import random
 import re
 from pathlib import Path
 
+import pytest
+
 import torch
 
 from mmvl.checkpoint import safe_load
@@ -44,6 +46,7 @@ def _resumes(root: Path) -> list[int]:
     return [int(u) for u in re.findall(r"Resumed from \S+last\.ckpt at update (\d+)", log)]
 
 
+@pytest.mark.slow  # ~30 s; CI keeps tests/distributed/test_launch.py (the same elastic agent restarting ranks)
 def test_rank_killed_torchrun_restarts_and_resumes_bitwise(tmp_path):
     rng = random.Random(20241129)
     kills = {s: rng.randint(3, 9) for s in STRATEGIES}
