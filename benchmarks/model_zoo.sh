@@ -3,16 +3,17 @@
 # after the other, and prints the table rows (held-out = the 500 validation images x 20 questions,
 # final model). Data is generated once, timed on its own.
 #   benchmarks/model_zoo.sh [OUT_DIR] [ROW ...]   (default: save/zoo, every row below)
-# Rows: visual_bert (the README demo), visual_bert_regions (object regions from an oracle detector),
-# mmbt, concat_bert, relation_network (over object regions), quality (the demo model, 3x longer),
-# regions_quality (visual_bert over object regions, 3x longer).
+# Rows: relation_network (the README demo, over object regions from an oracle detector),
+# relation_network_quality (the demo model, 3x longer), visual_bert (pixels), visual_bert_regions,
+# mmbt, concat_bert, quality (visual_bert on pixels, 3x longer), regions_quality (visual_bert
+# over object regions, 3x longer).
 # Each row is reproduced alone by the mmvl_run line printed before it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-save/zoo}
 shift || true
 models=("$@")
-[ ${#models[@]} -eq 0 ] && models=(visual_bert visual_bert_regions mmbt concat_bert relation_network quality regions_quality)
+[ ${#models[@]} -eq 0 ] && models=(relation_network relation_network_quality visual_bert visual_bert_regions mmbt concat_bert quality regions_quality)
 data=${MMVL_DATA_DIR:-$out/data}
 mkdir -p "$out"
 py=${PYTHON:-python}
@@ -34,6 +35,7 @@ config_of() {
     quality) echo "projects/visual_bert/configs/sort_of_clevr/quality.yaml" ;;
     visual_bert_regions) echo "projects/visual_bert/configs/sort_of_clevr/regions.yaml" ;;
     regions_quality) echo "projects/visual_bert/configs/sort_of_clevr/regions_quality.yaml" ;;
+    relation_network_quality) echo "projects/relation_network/configs/sort_of_clevr/quality.yaml" ;;
     *) echo "projects/$1/configs/sort_of_clevr/defaults.yaml" ;;
   esac
 }

@@ -102,6 +102,12 @@ def run_panels(run: Run) -> list[tuple[str, list[tuple[str, str]]]]:
     return panels
 
 
+def is_prior(metric: str) -> bool:
+    """``accuracy/prior``, ``accuracy/prior/<group>``: a reference a dataset reports (what a model
+    blind to the input scores), drawn dashed beside the metric it belongs to."""
+    return "/prior" in metric
+
+
 def _drop_lone_total(losses: list[str]) -> list[str]:
     """With a single loss, ``total_loss`` is the same curve: draw it once."""
     parts = [k for k in losses if k != "total_loss"]
@@ -114,11 +120,18 @@ def draw_run(run: Run, path: str | os.PathLike) -> Path:
     fig, axes = _figure(len(panels), run.title())
     colors = _colors()
     for ax, (title, keys) in zip(axes, panels):
-        for i, (stream, key) in enumerate(keys):
+        measured = [k for k in keys if not is_prior(k[1])]
+        for stream, key in keys:
             updates, values = run.series(stream, key)
             if not values:
                 continue
-            color = colors[i % len(colors)]
+            if is_prior(key):  # dashed in its metric's colour, no legend entry: the line to beat
+                twin = (stream, key.replace("/prior", "", 1))
+                i = measured.index(twin) if twin in measured else len(measured)
+                ax.plot(updates, values, color=colors[i % len(colors)], linestyle="--", linewidth=0.9,
+                        alpha=0.8, label="_nolegend_")
+                continue
+            color = colors[measured.index((stream, key)) % len(colors)]
             if stream == "train" and key != "lr":
                 _train_curve(ax, updates, values, key, color)
             elif stream == "train":

@@ -22,14 +22,14 @@ Options:
 
 Examples:
   # predictions of the demo's best checkpoint on the Sort-of-CLEVR test split
-  mmvl_predict config=projects/visual_bert/configs/sort_of_clevr/defaults.yaml \\
-      checkpoint.resume_file=save/visual_bert_sort_of_clevr/checkpoints/best.ckpt
+  mmvl_predict config=projects/relation_network/configs/sort_of_clevr/defaults.yaml \\
+      checkpoint.resume_file=save/relation_network_sort_of_clevr/checkpoints/best.ckpt
   # VQA v2 test-split answers from a trained model, written under save/vqa
   mmvl_predict config=projects/visual_bert/configs/vqa2/defaults.yaml env.save_dir=save/vqa \\
       checkpoint.resume_file=save/vqa/checkpoints/best.ckpt
   # predictions on the validation split instead
-  mmvl_predict config=projects/visual_bert/configs/sort_of_clevr/defaults.yaml run_type=val \\
-      checkpoint.resume_file=save/visual_bert_sort_of_clevr/checkpoints/best.ckpt
+  mmvl_predict config=projects/relation_network/configs/sort_of_clevr/defaults.yaml run_type=val \\
+      checkpoint.resume_file=save/relation_network_sort_of_clevr/checkpoints/best.ckpt
 """
 from __future__ import annotations
 

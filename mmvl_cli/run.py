@@ -30,14 +30,14 @@ Outputs go to env.save_dir: config.yaml, train.log, metrics.jsonl, checkpoints/,
 tensorboard/, curves.png (compare runs with mmvl_plot).
 
 Examples:
-  # the demo: VisualBERT on generated Sort-of-CLEVR, a few minutes on 2 CPU cores
-  mmvl_run config=projects/visual_bert/configs/sort_of_clevr/defaults.yaml
+  # the demo: a Relation Network on generated Sort-of-CLEVR, a few minutes on 2 CPU cores
+  mmvl_run config=projects/relation_network/configs/sort_of_clevr/defaults.yaml
   # the same with a smaller lr and batch, into another folder
-  mmvl_run config=projects/visual_bert/configs/sort_of_clevr/defaults.yaml \\
+  mmvl_run config=projects/relation_network/configs/sort_of_clevr/defaults.yaml \\
       optimizer.params.lr=5e-4 training.batch_size=16 env.save_dir=save/lr5e-4
   # evaluate a checkpoint on the validation split
-  mmvl_run config=projects/visual_bert/configs/sort_of_clevr/defaults.yaml run_type=val \\
-      checkpoint.resume_file=save/visual_bert_sort_of_clevr/checkpoints/best.ckpt
+  mmvl_run config=projects/relation_network/configs/sort_of_clevr/defaults.yaml run_type=val \\
+      checkpoint.resume_file=save/relation_network_sort_of_clevr/checkpoints/best.ckpt
 
 Tutorials: docs/README.md.
 """

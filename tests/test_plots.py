@@ -51,3 +51,21 @@ def test_comparison_draws_the_chosen_metric(tmp_path):
     assert metric == "toy/accuracy" and path.stat().st_size > 5000
     _, metric = draw_comparison([a, b], ["a", "b"], "toy/total_loss", tmp_path / "c.png")
     assert metric == "toy/total_loss"
+
+
+def test_priors_are_dashed_in_their_metrics_colour_without_a_legend_entry(tmp_path, monkeypatch):
+    import mmvl.plots as plots
+
+    extra = {"accuracy/x": 0.4, "accuracy/prior": 0.3, "accuracy/prior/x": 0.2}
+    events = [_train(2, 1.0), _val(2, 0.5, 0.9, **extra), _train(4, 0.8), _val(4, 0.7, 0.7, **extra)]
+    run = Run(write_run(tmp_path / "r", events, CONFIG))
+    figures = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figures.append(fig))
+    draw_run(run, tmp_path / "r" / "curves.png")
+    ax = next(a for a in figures[0].axes if a.get_title() == "val toy: accuracy")
+    solid = {line.get_label(): line for line in ax.get_lines() if line.get_linestyle() == "-"}
+    dashed = [line for line in ax.get_lines() if line.get_linestyle() == "--"]
+    assert len(dashed) == 2 and all(line.get_label() == "_nolegend_" for line in dashed)
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["accuracy", "accuracy/x"]
+    colors = sorted(str(line.get_color()) for line in dashed)
+    assert colors == sorted(str(solid[k].get_color()) for k in ("accuracy", "accuracy/x"))

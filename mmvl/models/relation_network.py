@@ -10,7 +10,11 @@ outputs are summed and the MLP ``f`` scores the answers:
 Options beyond the paper (all off by default): an MLP over each object before the pairs
 (``object_encoder_sizes``), FiLM-ed by the question (``object_encoder_film``); an image
 encoder over each region's pixel crop (``crop_encoder``); the question's attention over the
-objects weighting each pair by its first object (``question_attention``).
+objects weighting each pair by its first object (``question_attention``); the pair's geometry
+(both positions, their offset and distance) added to g's first layer (``pair_geometry``); a
+bag-of-words question vector instead of the LSTM (``question_encoder.type: bag_of_words``).
+The Sort-of-CLEVR demo uses the last three over object regions; the README's model zoo
+shows what each one changed.
 
 With ``feature_dim`` set the objects are region features with their boxes instead
 (``batch["features"]``, ``boxes``, ``feature_mask``; padded regions join no pair): the
@@ -33,109 +37,18 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from mmvl.errors import UserError
 from mmvl.models.base import BaseModel
 from mmvl.models.modules.bert import plain_config, require_num_labels
 from mmvl.models.modules.image_encoders import build_image_encoder
+from mmvl.models.modules.relation import ObjectEncoder, PairwiseRelation, cell_coordinates, object_positions
 from mmvl.models.modules.visual_tokens import BOX_DIM, region_inputs, require_image
 from mmvl.registry import register_model
 
 
-def cell_coordinates(h: int, w: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """``(h*w, 2)``: each cell's (x, y) in [-1, 1], row-major (the order of ``grid.flatten(2)``)."""
-    ys = torch.linspace(-1.0, 1.0, h, device=device, dtype=dtype)
-    xs = torch.linspace(-1.0, 1.0, w, device=device, dtype=dtype)
-    return torch.stack([xs.repeat(h), ys.repeat_interleave(w)], dim=-1)
-
-
-class PairwiseRelation(nn.Module):
-    """``sum_{i,j} g([o_i; o_j; q])`` over all ordered pairs (i = j included, as in the paper).
-
-    ``reduction: mean`` divides the sum by the number of pairs: the same function, but f's
-    input no longer grows with the map's size (625 pairs summed start f far from its init scale).
-
-    ``g``'s first layer is split into its three blocks (object i, object j, question) and
-    summed by broadcasting, which equals one linear layer on the concatenated pair.
-    """
-
-    def __init__(self, object_dim: int, question_dim: int, hidden_sizes: list[int], reduction: str = "sum"):
-        super().__init__()
-        if not hidden_sizes:
-            raise UserError("relation_network: g_hidden_sizes is empty; give at least one layer width.")
-        if reduction not in ("sum", "mean"):
-            raise UserError(f"relation_network: pair_reduction={reduction!r}; use 'sum' (the paper) or 'mean'.")
-        self.reduction = reduction
-        first = hidden_sizes[0]
-        self.left = nn.Linear(object_dim, first, bias=False)
-        self.right = nn.Linear(object_dim, first, bias=False)
-        self.question = nn.Linear(question_dim, first)
-        layers: list[nn.Module] = []
-        for prev, width in zip(hidden_sizes, hidden_sizes[1:]):
-            layers += [nn.Linear(prev, width), nn.ReLU(inplace=True)]
-        self.rest = nn.Sequential(*layers)
-        self.out_dim = hidden_sizes[-1]
-        self.checkpointing = False
-
-    def forward(self, objects: torch.Tensor, question: torch.Tensor, mask: torch.Tensor | None = None,
-                first: torch.Tensor | None = None) -> torch.Tensor:
-        """``objects`` B x N x D, ``question`` B x Q, ``mask`` B x N (0: padding) -> B x out_dim.
-
-        ``first`` (B x N, summing to 1 over the real objects) weighs each pair (i, j) by object
-        i's weight, replacing the reduction: ``sum_i first_i sum_j g(o_i, o_j, q)``.
-        """
-        if self.checkpointing and self.training and torch.is_grad_enabled():
-            return checkpoint(self._relate, objects, question, mask, first, use_reentrant=False)
-        return self._relate(objects, question, mask, first)
-
-    def _relate(self, objects: torch.Tensor, question: torch.Tensor, mask: torch.Tensor | None,
-                first: torch.Tensor | None = None) -> torch.Tensor:
-        pairs = (self.left(objects).unsqueeze(2) + self.right(objects).unsqueeze(1)
-                 + self.question(question)[:, None, None, :])  # B x N x N x H
-        out = self.rest(torch.relu(pairs))
-        if mask is None and first is None:
-            return out.sum(dim=(1, 2)) if self.reduction == "sum" else out.mean(dim=(1, 2))
-        m = torch.ones(out.shape[:2], dtype=out.dtype, device=out.device) if mask is None else mask.to(out.dtype)
-        if first is not None:  # object i's weight times whether j is real
-            return (out * (first.to(out.dtype).unsqueeze(2) * m.unsqueeze(1)).unsqueeze(-1)).sum(dim=(1, 2))
-        weights = (m.unsqueeze(2) * m.unsqueeze(1)).unsqueeze(-1)  # a pair counts if both objects are real
-        total = (out * weights).sum(dim=(1, 2))
-        return total if self.reduction == "sum" else total / weights.sum(dim=(1, 2)).clamp(min=1)
-
-
-class ObjectEncoder(nn.Module):
-    """An MLP applied to every object before the pairs (no layers: the identity, as in the paper).
-
-    With ``cond_dim`` each layer is FiLM-ed by the question (the LSTM state and the mean word embedding), ``relu((W o + b) * (1 + gamma(q))
-    + beta(q))`` (gamma, beta start at 0): a product of question and object features, so "is this
-    the object the question names" is one layer away instead of a three-way interaction that g has
-    to discover through ReLU thresholds.
-    """
-
-    def __init__(self, in_dim: int, sizes: list[int], cond_dim: int | None):
-        super().__init__()
-        self.layers = nn.ModuleList()
-        self.films = nn.ModuleList()
-        for width in sizes:
-            self.layers.append(nn.Linear(in_dim, width))
-            if cond_dim:
-                film = nn.Linear(cond_dim, 2 * width)
-                nn.init.zeros_(film.weight)
-                nn.init.zeros_(film.bias)
-                self.films.append(film)
-            in_dim = width
-        self.out_dim = in_dim
-
-    def forward(self, objects: torch.Tensor, question: torch.Tensor) -> torch.Tensor:
-        h = objects
-        for i, layer in enumerate(self.layers):
-            h = layer(h)
-            if len(self.films):
-                gamma, beta = self.films[i](question.to(h.dtype)).unsqueeze(1).chunk(2, dim=-1)
-                h = h * (1 + gamma) + beta
-            h = torch.relu(h)
-        return h
+#: ``question_encoder.type`` values: an LSTM's last state (the paper) or a linear map of word counts
+QUESTION_ENCODERS = ("lstm", "bag_of_words")
 
 
 def crop_side(feature_dim: int) -> int:
@@ -162,6 +75,12 @@ class RelationNetwork(BaseModel):
                             "filled it in; set it or use a dataset with a text processor.")
         q = dict(cfg.get("question_encoder") or {})
         word_dim, question_dim = int(q.get("word_dim", 32)), int(q.get("hidden_size", 128))
+        self.question_type = str(q.get("type", "lstm"))
+        if self.question_type not in QUESTION_ENCODERS:
+            raise UserError(f"relation_network: question_encoder.type={self.question_type!r}; use one of "
+                            f"{', '.join(QUESTION_ENCODERS)}.")
+        # what FiLM layers and the question attention read (see condition())
+        cond_dim = question_dim + word_dim if self.question_type == "lstm" else question_dim
         self.feature_dim = int(cfg["feature_dim"]) if cfg.get("feature_dim") else None
         self.crop_side = crop_side(self.feature_dim) if self.feature_dim and cfg.get("crop_encoder") else None
         self.image_encoder: nn.Module | None = None
@@ -170,15 +89,19 @@ class RelationNetwork(BaseModel):
         else:
             encoder_spec = dict(cfg.get("image_encoder") or {"type": "cnn"})
             if encoder_spec.get("type") == "film_cnn":  # conditioned on the question (see condition())
-                encoder_spec["params"] = {**dict(encoder_spec.get("params") or {}), "cond_dim": question_dim + word_dim}
+                encoder_spec["params"] = {**dict(encoder_spec.get("params") or {}), "cond_dim": cond_dim}
             self.image_encoder = build_image_encoder(encoder_spec)
             object_dim = int(self.image_encoder.out_dim) + (BOX_DIM if self.crop_side else 2)
-        self.word_embeddings = nn.Embedding(int(cfg["vocab_size"]), word_dim, padding_idx=0)
-        self.question_lstm = nn.LSTM(word_dim, question_dim, batch_first=True)
-        with torch.no_grad():  # gates i, f, g, o: a forget bias keeps early words (the colour) in the last state
-            self.question_lstm.bias_ih_l0[question_dim:2 * question_dim] += float(q.get("forget_bias", 0.0))
+        self.vocab_size = int(cfg["vocab_size"])
+        if self.question_type == "bag_of_words":
+            self.bag_of_words = nn.Linear(self.vocab_size, question_dim)
+        else:
+            self.word_embeddings = nn.Embedding(self.vocab_size, word_dim, padding_idx=0)
+            self.question_lstm = nn.LSTM(word_dim, question_dim, batch_first=True)
+            with torch.no_grad():  # gates i, f, g, o: a forget bias keeps early words (the colour) in the last state
+                self.question_lstm.bias_ih_l0[question_dim:2 * question_dim] += float(q.get("forget_bias", 0.0))
         self.object_encoder = ObjectEncoder(object_dim, [int(w) for w in cfg.get("object_encoder_sizes") or []],
-                                            question_dim + word_dim if cfg.get("object_encoder_film") else None)
+                                            cond_dim if cfg.get("object_encoder_film") else None)
         object_dim = self.object_encoder.out_dim
         self.attention: nn.ModuleDict | None = None
         if cfg.get("question_attention"):  # bilinear question-object scores (see forward)
@@ -186,11 +109,13 @@ class RelationNetwork(BaseModel):
             if not isinstance(width, int) or width < 1:
                 raise UserError(f"relation_network: question_attention={width!r}; use false, true or a width (e.g. 64).")
             width = 64 if width is True else width
-            self.attention = nn.ModuleDict({"query": nn.Linear(question_dim + word_dim, width),
-                                            "key": nn.Linear(object_dim, width)})
+            self.attention = nn.ModuleDict({"query": nn.Linear(cond_dim, width), "key": nn.Linear(object_dim, width)})
+        geometry = cfg.get("pair_geometry", False)
+        if not isinstance(geometry, bool):
+            raise UserError(f"relation_network: pair_geometry={geometry!r}; use true or false.")
         self.relation = PairwiseRelation(object_dim, question_dim,
                                          [int(w) for w in cfg.get("g_hidden_sizes") or [256, 256, 256, 256]],
-                                         str(cfg.get("pair_reduction") or "sum"))
+                                         str(cfg.get("pair_reduction") or "sum"), geometry)
         f_sizes = [int(w) for w in cfg.get("f_hidden_sizes") or [256, 256]]
         layers = []
         prev = self.relation.out_dim
@@ -201,9 +126,14 @@ class RelationNetwork(BaseModel):
         self.f = nn.Sequential(*layers)
 
     def encode_question(self, batch: dict[str, Any]) -> torch.Tensor:
-        """The LSTM state after the last real token (padding after it cannot change it)."""
+        """The LSTM state after the last real token (padding after it cannot change it), or a linear
+        map of the question's word counts (``bag_of_words``)."""
         ids = batch["input_ids"]
         mask = batch.get("attention_mask")
+        if self.question_type == "bag_of_words":
+            real = torch.ones_like(ids) if mask is None else mask
+            counts = torch.zeros(ids.shape[0], self.vocab_size, device=ids.device, dtype=self.bag_of_words.weight.dtype)
+            return self.bag_of_words(counts.scatter_add_(1, ids, real.to(counts.dtype)))
         outputs, _ = self.question_lstm(self.word_embeddings(ids))
         if mask is None:
             return outputs[:, -1]
@@ -211,8 +141,11 @@ class RelationNetwork(BaseModel):
         return outputs.gather(1, last.view(-1, 1, 1).expand(-1, 1, outputs.shape[-1])).squeeze(1)
 
     def condition(self, batch: dict[str, Any], question: torch.Tensor) -> torch.Tensor:
-        """What FiLM layers read: the LSTM state and the mean word embedding (every word, the colour
-        included, one linear step away, however far from the end of the question it stands)."""
+        """What FiLM layers and the question attention read: the LSTM state and the mean word
+        embedding (every word, the colour included, one linear step away, however far from the end
+        of the question it stands); with ``bag_of_words`` the question vector itself."""
+        if self.question_type == "bag_of_words":  # every word is already one linear step away
+            return question
         words = self.word_embeddings(batch["input_ids"])
         mask = batch.get("attention_mask")
         m = (torch.ones_like(batch["input_ids"]) if mask is None else mask).unsqueeze(-1).to(words.dtype)
@@ -255,16 +188,21 @@ class RelationNetwork(BaseModel):
     def forward(self, batch: dict[str, Any]) -> dict[str, Any]:
         question = self.encode_question(batch)
         cond = self.condition(batch, question) if len(self.object_encoder.films) or self.attention else None
-        objects = self.object_encoder(self.objects(batch, question), question if cond is None else cond)
+        raw = self.objects(batch, question)
+        positions = object_positions(raw, bool(self.feature_dim)) if self.relation.geometry is not None else None
+        objects = self.object_encoder(raw, question if cond is None else cond)
         mask = batch.get("feature_mask") if self.feature_dim else None
         first = None
         if self.attention is not None:  # softmax over the real objects of query(q) . key(o_i)
+            # Not divided by sqrt(width): with that temperature the softmax starts near uniform, every
+            # object is every pair's first, and finding the named object (which every question type
+            # needs) came 1,000-2,000 updates later on Sort-of-CLEVR regions, at a seed-dependent update.
             query, keys = self.attention["query"](cond.to(objects.dtype)), self.attention["key"](objects)
-            scores = (keys @ query.unsqueeze(-1)).squeeze(-1) / keys.shape[-1] ** 0.5
+            scores = (keys @ query.unsqueeze(-1)).squeeze(-1)
             if mask is not None:
                 scores = scores.masked_fill(mask == 0, torch.finfo(scores.dtype).min)
             first = scores.softmax(dim=-1)
-        relation = self.relation(objects, question.to(objects.dtype), mask, first)
+        relation = self.relation(objects, question.to(objects.dtype), mask, first, positions)
         return {"scores": self.f(relation)}
 
     def enable_gradient_checkpointing(self) -> None:

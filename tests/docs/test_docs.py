@@ -42,9 +42,13 @@ _DEMO_MODEL = ["model_config.visual_bert.hidden_size=32", "model_config.visual_b
                "model_config.visual_bert.num_attention_heads=2", "model_config.visual_bert.intermediate_size=64",
                "model_config.visual_bert.text_encoder.num_layers=1",
                "model_config.visual_bert.image_encoder.params.channels=[8,8,16,16]"]
+_RN_MODEL = ["model_config.relation_network.question_encoder.hidden_size=16",
+             "model_config.relation_network.object_encoder_sizes=[16]",
+             "model_config.relation_network.g_hidden_sizes=[16,16]", "model_config.relation_network.f_hidden_sizes=[16]"]
 #: named tiny settings a block asks for with ``tiny=NAME``
 TINY = {
-    "demo": _DATA + _DEMO_MODEL + _SHORT,     # the demo config (visual_bert on Sort-of-CLEVR)
+    "demo": _DATA + _RN_MODEL + _SHORT,       # the README's demo config (relation_network on Sort-of-CLEVR)
+    "visual_bert": _DATA + _DEMO_MODEL + _SHORT,  # the tutorials' VisualBERT config on Sort-of-CLEVR
     "sort_of_clevr": _DATA + _SHORT + ["!training.max_updates=8"],  # any model, small Sort-of-CLEVR
     "short": ["!training.max_updates=20", "training.log_interval=10", "training.evaluation_interval=10"],
 }

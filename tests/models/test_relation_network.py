@@ -1,5 +1,5 @@
-"""relation_network: the pair sum equals g on every concatenated pair, coordinates follow the grid,
-batch and padding independence, checkpointing, user errors, and training through mmvl_run."""
+"""relation_network: objects carry their coordinates or boxes, batch and padding independence,
+checkpointing, user errors, and training through mmvl_run."""
 from __future__ import annotations
 
 import json
@@ -11,7 +11,8 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from mmvl.errors import UserError
-from mmvl.models.relation_network import PairwiseRelation, RelationNetwork, cell_coordinates
+from mmvl.models.modules.relation import PairwiseRelation, cell_coordinates, object_positions
+from mmvl.models.relation_network import RelationNetwork
 from mmvl.registry import MODELS
 
 TINY_YAML = Path(__file__).parent / "tiny" / "relation_network.yaml"
@@ -44,40 +45,6 @@ def test_registered_shapes_and_gradients():
     for name in ("image_encoder.stages.0.0.weight", "word_embeddings.weight", "relation.left.weight",
                  "relation.question.weight", "f.0.weight"):
         assert model.get_parameter(name).grad.abs().sum() > 0, name  # every part reaches the loss
-
-
-def test_pair_sum_equals_g_on_every_concatenated_pair():
-    torch.manual_seed(0)
-    rel = PairwiseRelation(object_dim=4, question_dim=3, hidden_sizes=[6, 5])
-    objects, question = torch.randn(2, 5, 4), torch.randn(2, 3)
-    first = torch.cat([rel.left.weight, rel.right.weight, rel.question.weight], dim=1)  # one layer on [o_i; o_j; q]
-    expected = torch.zeros(2, 5)
-    for b in range(2):
-        for i in range(5):
-            for j in range(5):
-                pair = torch.cat([objects[b, i], objects[b, j], question[b]])
-                expected[b] += rel.rest(torch.relu(first @ pair + rel.question.bias))
-    torch.testing.assert_close(rel(objects, question), expected, rtol=1e-5, atol=1e-5)
-
-
-def test_mean_reduction_is_the_sum_over_the_pair_count():
-    torch.manual_seed(0)
-    summed = PairwiseRelation(4, 3, [6, 5])
-    averaged = PairwiseRelation(4, 3, [6, 5], reduction="mean")
-    averaged.load_state_dict(summed.state_dict())
-    objects, question = torch.randn(2, 5, 4), torch.randn(2, 3)
-    torch.testing.assert_close(averaged(objects, question) * 25, summed(objects, question))
-    with pytest.raises(UserError, match="pair_reduction"):
-        PairwiseRelation(4, 3, [6], reduction="max")
-
-
-def test_cell_coordinates_follow_the_flattened_grid():
-    coords = cell_coordinates(2, 3, torch.device("cpu"), torch.float32)
-    grid = torch.arange(6.0).view(1, 1, 2, 3)
-    assert grid.flatten(2)[0, 0, 4] == grid[0, 0, 1, 1]  # row-major: cell 4 is row 1, column 1
-    torch.testing.assert_close(coords[4], torch.tensor([0.0, 1.0]))  # x of the middle column, y of the last row
-    torch.testing.assert_close(coords[0], torch.tensor([-1.0, -1.0]))
-    torch.testing.assert_close(coords[5], torch.tensor([1.0, 1.0]))
 
 
 def test_objects_carry_their_cell_coordinates():
@@ -189,7 +156,7 @@ def relational_losses(steps: int, tmp_path) -> tuple[float, float]:
     train, val = builder.build("train"), builder.build("val")
     torch.manual_seed(0)
     model = build_model(config, {"sort_of_clevr": builder}).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=float(config.optimizer.params.lr))  # the project config's
     order = torch.randperm(len(train), generator=torch.Generator().manual_seed(0))
     for step in range(steps):
         rows = order[(step * 32) % len(train):][:32].tolist()
@@ -213,21 +180,8 @@ def relational_losses(steps: int, tmp_path) -> tuple[float, float]:
 
 
 def test_relational_loss_falls_below_the_priors(tmp_path):
-    model_loss, prior_loss = relational_losses(400, tmp_path)
+    model_loss, prior_loss = relational_losses(1200, tmp_path)
     assert model_loss < prior_loss - 0.05, (model_loss, prior_loss)
-
-
-def test_first_object_weights_replace_the_pair_sum():
-    torch.manual_seed(0)
-    rel = PairwiseRelation(4, 3, [6, 5])
-    objects, question = torch.randn(2, 5, 4), torch.randn(2, 3)
-    first = torch.softmax(torch.randn(2, 5), -1)
-    per_pair = rel.rest(torch.relu(rel.left(objects).unsqueeze(2) + rel.right(objects).unsqueeze(1)
-                                   + rel.question(question)[:, None, None, :]))  # B x i x j x H
-    expected = (per_pair * first[:, :, None, None]).sum(dim=(1, 2))
-    torch.testing.assert_close(rel(objects, question, None, first), expected)
-    uniform = torch.full((2, 5), 1 / 5)
-    torch.testing.assert_close(rel(objects, question, None, uniform) * 5, rel(objects, question))  # = the plain sum
 
 
 def test_question_attention_film_and_crop_encoder_options():
@@ -249,3 +203,48 @@ def test_question_attention_film_and_crop_encoder_options():
     torch.testing.assert_close(one[:, 0], objects[:, 0], rtol=1e-4, atol=1e-5)  # each crop on its own
     with pytest.raises(UserError, match="3 \\* side"):
         tiny(feature_dim=7, crop_encoder=True, image_encoder=crop)
+
+
+def test_object_positions_are_box_centres_or_cell_coordinates():
+    b = region_batch()
+    model = tiny(feature_dim=7)
+    centres = (b["boxes"][..., :2] + b["boxes"][..., 2:]) / 2 * 2 - 1  # [0, 1] corners -> [-1, 1] centre
+    torch.testing.assert_close(object_positions(model.objects(b), regions=True), centres)
+    cells = tiny().objects(batch())
+    torch.testing.assert_close(object_positions(cells, regions=False),
+                               cell_coordinates(2, 2, torch.device("cpu"), torch.float32).expand(3, -1, -1))
+
+
+def test_pair_geometry_is_an_option_of_the_model():
+    for kwargs in ({"feature_dim": 7}, {}):  # regions and feature-map cells
+        model = tiny(pair_geometry=True, question_attention=True, **kwargs).eval()
+        assert model.relation.geometry is not None
+        b = region_batch() if kwargs else batch()
+        scores = model(b)["scores"]
+        assert torch.isfinite(scores).all()
+    b = region_batch()
+    model = tiny(feature_dim=7, pair_geometry=True).eval()
+    shuffled = dict(b, features=b["features"].flip(1), boxes=b["boxes"].flip(1))
+    torch.testing.assert_close(model(shuffled)["scores"], model(b)["scores"], rtol=1e-4, atol=1e-5)  # a set
+    moved = dict(b, boxes=b["boxes"] + torch.tensor([0.2, 0.0, 0.2, 0.0]))
+    assert not torch.allclose(model(moved)["scores"], model(b)["scores"])  # positions reach the answer
+    assert tiny(feature_dim=7).relation.geometry is None  # off by default: the paper's model
+    with pytest.raises(UserError, match="pair_geometry"):
+        tiny(pair_geometry="yes")
+
+
+def test_bag_of_words_question_is_a_linear_map_of_word_counts():
+    model = tiny(question_encoder={"type": "bag_of_words", "hidden_size": 10}, question_attention=True).eval()
+    assert not hasattr(model, "question_lstm") and model.attention["query"].in_features == 10
+    b = batch()
+    counts = torch.zeros(3, 20)
+    for row in range(3):
+        for token, real in zip(b["input_ids"][row].tolist(), b["attention_mask"][row].tolist()):
+            counts[row, token] += real  # padded positions count nothing
+    expected = counts @ model.bag_of_words.weight.T + model.bag_of_words.bias
+    torch.testing.assert_close(model.encode_question(b), expected)
+    torch.testing.assert_close(model.condition(b, expected), expected)  # attention reads q itself
+    reordered = dict(b, input_ids=b["input_ids"][:, [1, 0, 2, 3, 4, 5, 6]])  # both positions real in every row
+    torch.testing.assert_close(model(reordered)["scores"], model(b)["scores"])  # word order is lost, by design
+    with pytest.raises(UserError, match="question_encoder.type"):
+        tiny(question_encoder={"type": "gru"})
