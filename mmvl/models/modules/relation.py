@@ -104,7 +104,7 @@ class PairwiseRelation(nn.Module):
         if mask is None and first is None:
             return out.sum(dim=(1, 2)) if self.reduction == "sum" else out.mean(dim=(1, 2))
         m = torch.ones(out.shape[:2], dtype=out.dtype, device=out.device) if mask is None else mask.to(out.dtype)
-        if first is not None:  # object i's weight (per head) times whether j is real
+        if first is not None:  # object i's weight times whether j is real
             return (out * (first.to(out.dtype).unsqueeze(2) * m.unsqueeze(1)).unsqueeze(-1)).sum(dim=(1, 2))
         weights = (m.unsqueeze(2) * m.unsqueeze(1)).unsqueeze(-1)  # a pair counts if both objects are real
         total = (out * weights).sum(dim=(1, 2))
@@ -114,8 +114,9 @@ class PairwiseRelation(nn.Module):
 class ObjectEncoder(nn.Module):
     """An MLP applied to every object before the pairs (no layers: the identity, as in the paper).
 
-    With ``cond_dim`` each layer is FiLM-ed by the question (the LSTM state and the mean word embedding), ``relu((W o + b) * (1 + gamma(q))
-    + beta(q))`` (gamma, beta start at 0): a product of question and object features, so "is this
+    With ``cond_dim`` each layer is FiLM-ed by the question (what ``RelationNetwork.condition``
+    returns), ``relu((W o + b) * (1 + gamma(q)) + beta(q))`` (gamma, beta start at 0): a
+    product of question and object features, so "is this
     the object the question names" is one layer away instead of a three-way interaction that g has
     to discover through ReLU thresholds.
     """
