@@ -54,7 +54,8 @@ def main(argv: list[str]) -> int:
 
     import mmvl  # noqa: F401  (registers everything)
     from mmvl.build import build_datasets, build_model
-    from mmvl.checkpoint import load_model_state, safe_load
+    from mmvl.checkpoint import load_model_state
+    from mmvl.io import safe_load
     from mmvl.config import load_config
     from mmvl.models.probe import collect_outputs, probe_objects
     from mmvl.utils.rng import seed_everything

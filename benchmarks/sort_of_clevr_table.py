@@ -32,7 +32,7 @@ def last_val(save_dir: Path) -> dict:
 
 
 def parameters(save_dir: Path) -> int:
-    from mmvl.checkpoint import safe_load
+    from mmvl.io import safe_load
 
     state = safe_load(save_dir / "checkpoints" / "last.ckpt")["model"]
     return sum(v.numel() for v in state.values() if hasattr(v, "numel"))

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from mmvl.checkpoint import atomic_write
+from mmvl.io import atomic_write
 from mmvl.runs import Run, resolve_metric
 
 _DPI = 80

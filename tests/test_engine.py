@@ -184,7 +184,7 @@ def test_prepared_loader_prefetches_on_a_side_stream_unless_told_not_to(monkeypa
     stream; with prefetch off each batch is copied when it is needed, on the compute stream."""
     from omegaconf import OmegaConf
 
-    import mmvl.engine as engine_module
+    import mmvl.engine.prepared as engine_module
     from mmvl.engine import DeviceLoader
     from tests.fixtures.fake_cuda import StreamRecorder
 
@@ -222,7 +222,7 @@ def test_the_same_loop_under_torchrun_equals_one_process(tmp_path):
     itself) end with the weights of the one-process run over the same global batches."""
     import os
 
-    from mmvl.checkpoint import safe_load
+    from mmvl.io import safe_load
     from tests.fixtures import engine_loop_script
 
     engine_loop_script.main(str(tmp_path / "one.ckpt"), device="cpu")

@@ -42,14 +42,14 @@ def test_skipped_updates_do_not_advance_the_schedule(scheduler):
     assert sched.last_epoch == 2
     want = 1.0 / 3 if scheduler == "lambda" else 0.25
     assert opt.param_groups[0]["lr"] == pytest.approx(want)
-    assert engine.state_dict(model, opt, sched)["scheduler"]["last_epoch"] == 2
+    assert engine.state_dict()["scheduler"]["last_epoch"] == 2
 
 
 def test_lambda_schedule_steps_ahead_until_settled_and_state_dict_settles():
     engine, model, opt, sched = _setup("lambda")
     _update(engine, model, opt, sched, poison=True)
     assert sched.last_epoch == 1  # stepped without reading the flag ...
-    state = engine.state_dict(model, opt, sched)  # ... and taken back before it is saved
+    state = engine.state_dict()  # ... and taken back before it is saved
     assert state["scheduler"]["last_epoch"] == 0 and sched.last_epoch == 0
     assert opt.param_groups[0]["lr"] == pytest.approx(1.0)
 

@@ -205,7 +205,7 @@ def _first_line(err: BaseException) -> str:
 
 def save_config(cfg: DictConfig | Mapping[str, Any], path: str | os.PathLike[str]) -> Path:
     """Write ``cfg`` as plain, resolved YAML atomically (through the one atomic writer)."""
-    from mmvl.checkpoint import atomic_write  # torch: only when a run writes its config
+    from mmvl.io import atomic_write  # the one atomic writer (imports torch only to save tensors)
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -17,7 +17,8 @@ when both were kept (``cp -p``, ``rsync -t``), when any sampled block differs.
 
 An entry is built into a temporary folder beside it (every file fsynced, mode from the
 umask) and renamed into place, so a reader sees a whole entry or none, and two processes
-building the same entry at once both succeed. ``meta.json`` lists every file with its size;
+building the same entry at once both succeed. Its completion marker (:data:`mmvl.io.MARKER`,
+the one every published folder has) lists every file with its size;
 an entry whose files do not match it, or whose arrays cannot be mapped or are inconsistent,
 is corrupt: it is logged, removed and rebuilt. Entries of the same name with another key are
 stale (the sources or settings changed): they are logged and removed once the new entry is
@@ -34,26 +35,26 @@ import logging
 import os
 import shutil
 import tempfile
-import uuid
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, TypeVar
 
 import numpy as np
 
-from mmvl.checkpoint import fsync_dir
+from mmvl import io
 from mmvl.data.records import Table
 
 log = logging.getLogger("mmvl")
 T = TypeVar("T")
 
 #: bump when the parsed layout of any dataset changes: every old entry becomes stale
-VERSION = 1
+#: (2: entries are marked complete by :data:`mmvl.io.MARKER`, no longer by ``meta.json``)
+VERSION = 2
 #: files up to this size are fingerprinted by content, larger ones by path, size, mtime and sampled blocks
 SMALL_FILE = 1 << 20
 #: how many blocks of :data:`SAMPLE_BLOCK` bytes of a large file its fingerprint hashes
 SAMPLE_BLOCKS = 16
 SAMPLE_BLOCK = 64 << 10
-META = "meta.json"
+META = io.MARKER
 
 
 class CacheCorrupt(Exception):
@@ -127,7 +128,7 @@ class Cache:
                 return load(path)
             except CacheCorrupt as e:
                 log.warning("%s: the cached %s in %s is corrupt (%s); rebuilding it", self.dataset, what, path, e)
-                _remove(path)
+                io.remove_tree(path)
         stale = [p for p in self._named(name) if p != path] if prune else []
         if stale:
             log.info("%s: the cached %s in %s is stale (its source files or settings changed); rebuilding it",
@@ -137,7 +138,7 @@ class Cache:
         built = self._build(path, build, what)
         if built == path:
             for p in stale:
-                _remove(p)
+                io.remove_tree(p)
         return load(built)
 
     def _named(self, name: str) -> list[Path]:
@@ -150,8 +151,7 @@ class Cache:
     def _build(self, path: Path, build: Callable[[Path], None], what: str) -> Path:
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
-            tmp = self.folder / f".tmp-{path.name}-{uuid.uuid4().hex[:8]}"
-            tmp.mkdir()  # a plain mkdir respects the umask (mkdtemp would make it 0700)
+            tmp = io.make_temp_dir(self.folder, prefix=f".tmp-{path.name}-")
         except OSError as e:
             log.warning("%s: cannot write the preprocessing cache under %s (%s); set env.cache_dir to a writable "
                         "folder. This run keeps the %s in a temporary folder.", self.dataset, self.root,
@@ -159,48 +159,18 @@ class Cache:
             return _private_build(path.name, build)
         try:
             build(tmp)
-            write_meta(tmp)
-            try:
-                os.rename(tmp, path)
-            except OSError:  # another process put the same entry in place first: use theirs
-                if not path.is_dir():
-                    raise
-                _remove(tmp)
-            fsync_dir(self.folder)
         except BaseException:
-            _remove(tmp)
+            io.remove_tree(tmp)
             raise
+        io.publish_dir(tmp, path, version=VERSION)  # False: another process put the same entry first
         return path
 
 
-def write_meta(folder: Path) -> None:
-    """Fsync every file of ``folder`` and list it with its size in ``meta.json``."""
-    files = {}
-    for p in sorted(folder.iterdir()):
-        if p.is_file() and p.name != META:
-            with open(p, "rb+") as f:
-                os.fsync(f.fileno())
-            files[p.name] = p.stat().st_size
-    with open(folder / META, "w", encoding="utf-8") as f:
-        json.dump({"version": VERSION, "files": files}, f)
-        f.flush()
-        os.fsync(f.fileno())
-
-
 def check_entry(folder: Path) -> None:
-    """Raise :class:`CacheCorrupt` unless every file ``meta.json`` lists is there with its size."""
-    try:
-        meta = json.loads((folder / META).read_text(encoding="utf-8"))
-        files = dict(meta["files"])
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise CacheCorrupt(f"unreadable {META}: {e}") from None
-    for name, size in files.items():
-        try:
-            actual = (folder / name).stat().st_size
-        except OSError:
-            raise CacheCorrupt(f"{name} is missing") from None
-        if actual != size:
-            raise CacheCorrupt(f"{name} has {actual} bytes, expected {size}")
+    """Raise :class:`CacheCorrupt` unless every file the marker lists is there with its size."""
+    problem = io.completeness_problem(folder)
+    if problem is not None:
+        raise CacheCorrupt(problem)
 
 
 def save_table(folder: Path, name: str, table: Table) -> None:
@@ -235,16 +205,6 @@ def load_tables(folder: Path) -> dict[str, Table]:
     return {name: load_table(folder, name) for name in names}
 
 
-def _remove(path: Path) -> None:
-    """Rename out of the way first (a concurrent reader never sees a half-deleted entry), then delete."""
-    trash = path.with_name(f".trash-{path.name}-{uuid.uuid4().hex[:8]}")
-    try:
-        os.rename(path, trash)
-    except OSError:
-        trash = path
-    shutil.rmtree(trash, ignore_errors=True)
-
-
 _PRIVATE: list[tuple[int, str]] = []
 
 
@@ -255,7 +215,7 @@ def _private_build(name: str, build: Callable[[Path], None]) -> Path:
         atexit.register(_cleanup_private)
     _PRIVATE.append((os.getpid(), str(folder)))
     build(folder)
-    write_meta(folder)
+    io.mark_complete(folder, version=VERSION)
     return folder
 
 

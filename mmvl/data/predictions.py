@@ -11,7 +11,7 @@ import json
 import os
 from typing import Any, Iterable
 
-from mmvl.checkpoint import atomic_open
+from mmvl.io import atomic_open
 
 
 class PredictionWriter:

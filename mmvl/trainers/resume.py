@@ -19,8 +19,9 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
-from mmvl.checkpoint import SHARDED_STATE, apply_state_mapping, canonical_key, check_sharded_complete, \
-    load_model_state, safe_load
+from mmvl import io
+from mmvl.checkpoint import apply_state_mapping, canonical_key, load_checkpoint, load_model_state, schema
+from mmvl.checkpoint import sharded as sharded_dir
 from mmvl.distributed.comm import all_ranks_agreed, on_main_agreed
 from mmvl.errors import UserError
 from mmvl.optim import adopt_config_hyperparameters
@@ -106,7 +107,7 @@ def check_resume_config(state: Mapping[str, Any], config: Any, path: str, resets
                         announce: bool = True) -> None:
     """Refuse to resume ``state`` under a config that differs outside the safe keys, unless a
     reset switch takes the weights on under the new settings (then ``announce`` logs them)."""
-    saved = state.get("config")
+    saved = state.get(schema.CONFIG)
     if not isinstance(saved, Mapping):
         log.info("%s holds no config; resuming without comparing configs", path)
         return
@@ -131,13 +132,13 @@ def apply_resets(state: dict[str, Any], resets: list[str]) -> dict[str, Any]:
     scheduler state, or the counters (update, data position, callback state)."""
     state = dict(state)
     if "optimizer" in resets:
-        state.pop("optimizer", None)
+        state.pop(schema.OPTIMIZER, None)
     if "scheduler" in resets:
-        state.pop("scheduler", None)
+        state.pop(schema.SCHEDULER, None)
     if "counts" in resets:
-        state["trainer"] = {**state["trainer"], "update": 0}
-        state.pop("data", None)
-        state.pop("callbacks", None)
+        state[schema.TRAINER] = {**state[schema.TRAINER], schema.UPDATE: 0}
+        state.pop(schema.DATA, None)
+        state.pop(schema.CALLBACKS, None)
     return state
 
 
@@ -156,7 +157,7 @@ def resume(trainer: Any) -> str | None:
     def choose() -> str | None:
         found = trainer.checkpoints.choose_resume(
             ck.get("resume", False), ck.get("resume_file"), bool(ck.get("resume_best")), pretrained,
-            engine.can_load_sharded(None if "optimizer" in resets else trainer.optimizer))
+            engine.can_load_sharded(optimizer="optimizer" not in resets))
         if found is None and training and str(ck.get("resume")).lower() == "false":
             moved = trainer.checkpoints.move_aside()
             if moved is not None:
@@ -170,25 +171,25 @@ def resume(trainer: Any) -> str | None:
     state, problem = None, None
     try:
         if sharded:
-            check_sharded_complete(path)
-            state = safe_load(Path(path, SHARDED_STATE), expect_keys=("trainer",))
+            sharded_dir.check_complete(path)
+            state = schema.upgrade(io.safe_load(Path(path, schema.SHARDED_STATE), expect_keys=(schema.TRAINER,)))
         else:
-            state = safe_load(path)
+            state = load_checkpoint(path)
         if training:
             check_resume_config(state, trainer.config, path, resets, announce=trainer.env.is_main_process)
     except UserError as e:
         problem = str(e)
     all_ranks_agreed(problem, f"resume from {path}")
     state = apply_resets(state, resets)
-    optimizer = trainer.optimizer if "optimizer" not in resets else None
+    keep_optimizer = "optimizer" not in resets
     fresh = [{k: v for k, v in g.items() if k != "params"} for g in trainer.optimizer.param_groups]
     if sharded:
-        engine.load_sharded(path, trainer.model, optimizer)  # collective
+        engine.load_sharded(path, optimizer=keep_optimizer)  # collective
     trainer.load_state_dict(state)
     if resets:
         adopt_config_hyperparameters(trainer.optimizer, trainer.scheduler, fresh,
-                                     kept_optimizer=optimizer is not None, kept_scheduler="scheduler" in state)
-    saved_world = int(state["trainer"].get("world_size", trainer.env.world_size))
+                                     kept_optimizer=keep_optimizer, kept_scheduler=schema.SCHEDULER in state)
+    saved_world = schema.world_size_of(state, trainer.env.world_size)
     if sharded and saved_world != trainer.env.world_size:
         log.info("Re-sharded %s from %d to %d processes", path, saved_world, trainer.env.world_size)
     log.info("Resumed from %s at update %d%s", path, trainer.update,
@@ -223,8 +224,8 @@ def _load_pretrained(model: torch.nn.Module, path: str, mapping: dict[str, str])
     if Path(path).is_dir():
         raise UserError(f"checkpoint.resume_pretrained reads full checkpoint files, and {path!r} is a sharded "
                         "directory; use that run's best.ckpt or last.ckpt.")
-    state = safe_load(path, expect_keys=())
-    weights = state["model"] if isinstance(state.get("model"), Mapping) else state  # or a bare state dict
+    state = io.safe_load(path, expect_keys=())
+    weights = state[schema.MODEL] if isinstance(state.get(schema.MODEL), Mapping) else state  # or a bare state dict
     if not weights or not all(isinstance(v, torch.Tensor) for v in weights.values()):
         raise UserError(f"{path} holds no model weights (neither a 'model' state dict nor a dict of tensors).")
     names = [canonical_key(k) for k in weights]

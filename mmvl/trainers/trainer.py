@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -19,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from mmvl import registry
 from mmvl.config import save_config
 from mmvl.utils.logger import setup_logging
-from mmvl.checkpoint import CheckpointManager
+from mmvl.checkpoint import CheckpointManager, State, schema
 from mmvl.build import build_callbacks, build_datasets, build_model, model_config
 from mmvl.data.sample import DevicePrefetcher
 from mmvl.data.loaders import TrainStream, resolve_pin_memory
@@ -30,13 +31,12 @@ from mmvl.errors import UserError
 from mmvl.losses import build_losses, compute_losses
 from mmvl.metrics import build_metrics
 from mmvl.optim import base_lr, build_optimizer, build_scheduler
-from mmvl.trainers.callbacks.checkpoint import save_checkpoint
 from mmvl.trainers.evaluation import evaluate as evaluate_split
 from mmvl.trainers.evaluation import prepare_split
 from mmvl.trainers.finite import NonFiniteGuard, NonFiniteLossError
 from mmvl.trainers.resume import load_pretrained, resume
 from mmvl.utils.flops import FlopCount, batch_tokens
-from mmvl.utils.rng import get_rng_state, seed_everything, set_rng_state
+from mmvl.utils.rng import seed_everything
 
 log = logging.getLogger("mmvl")
 
@@ -58,7 +58,10 @@ class Trainer:
     A callback saves through :meth:`save_checkpoint`, never through another callback.
     """
 
-    def __init__(self, config: DictConfig, env: DistEnv | None = None):
+    def __init__(self, config: DictConfig, env: DistEnv | None = None,
+                 checkpointables: Mapping[str, Any] | None = None):
+        """``checkpointables``: more objects (name -> anything with ``state_dict``/``load_state_dict``)
+        to save in every checkpoint and restore on resume, e.g. ``{"ema": ema}``."""
         from mmvl.distributed.init import init_distributed
 
         self.config = config
@@ -105,6 +108,7 @@ class Trainer:
         self.checkpoints = CheckpointManager(str(config.env.save_dir),
                                              int(config.checkpoint.max_to_keep))
         self.callbacks = build_callbacks(config, self)
+        self._register_checkpointables(checkpointables or {})
         self.resumed_from = resume(self)  # the checkpoint (file or sharded directory) or None
         if self.env.is_main_process:  # only once everything was built: a failed start changes nothing
             save_config(config, os.path.join(str(config.env.save_dir), "config.yaml"))
@@ -200,10 +204,10 @@ class Trainer:
         bad = self.nonfinite.check()
         if bad is not None:
             first, values = bad
-            last = os.path.join(self.config.env.save_dir, "checkpoints", "last.ckpt")
+            last = self.checkpoints.last_path
             raise NonFiniteLossError(
                 f"Loss is not finite at update {first} (update {self.update}: {values}); stopped. Last good "
-                f"checkpoint: {last if os.path.exists(last) else 'none yet'}. Lower "
+                f"checkpoint: {last if last.exists() else 'none yet'}. Lower "
                 "optimizer.params.lr, set training.clip_grad_norm, or use training.precision=bf16.")
         if self.scheduler is not None:
             self.scheduler.settle()
@@ -212,7 +216,7 @@ class Trainer:
         """Checkpoint this update (every rank calls it). ``is_best``: also ``best.ckpt``;
         ``full``: one full ``last.ckpt`` even when periodic checkpoints are sharded."""
         self.settle()  # weights reached by a non-finite loss are never saved
-        save_checkpoint(self, is_best=is_best, full=full)
+        self.engine.save_checkpoint(self.checkpoints, self.update, is_best=is_best, full=full)
         self.last_saved = self.update
 
     def evaluate(self, split: str = "val") -> dict[str, dict[str, float]]:
@@ -228,28 +232,33 @@ class Trainer:
             getattr(callback, hook)(*args)
 
     # -- state ------------------------------------------------------------------
+    def _register_checkpointables(self, extra: Mapping[str, Any]) -> None:
+        """The loop's own state joins the Engine's (model, optimizer, scaler, scheduler, RNG)."""
+        register = self.engine.register_checkpointable
+        register(schema.TRAINER, State(
+            lambda: {schema.UPDATE: self.update, schema.WORLD_SIZE: self.env.world_size},
+            lambda counters: setattr(self, "update", int(counters[schema.UPDATE]))))
+        if self.train_data is not None:
+            register(schema.DATA, self.train_data)
+        register(schema.CALLBACKS, State(
+            lambda: {type(c).__name__: c.state_dict() for c in self.callbacks}, self._load_callbacks))
+        # saved so that a resume can compare (trainers/resume.py); nothing to load back
+        register(schema.CONFIG, State(lambda: OmegaConf.to_container(self.config, resolve=True), lambda _: None))
+        for name, obj in extra.items():
+            register(name, obj)
+
+    def _load_callbacks(self, states: dict[str, Any]) -> None:
+        for c in self.callbacks:
+            if type(c).__name__ in states:
+                c.load_state_dict(states[type(c).__name__])
+
     def state_dict(self, sharded: bool = False) -> dict[str, Any]:
         """The checkpoint dict (a collective); ``sharded``: all but model and optimizer."""
-        state = self.engine.state_dict(self.model, self.optimizer, self.scheduler, sharded=sharded)
-        state["trainer"] = {"update": self.update, "world_size": self.env.world_size}
-        state["data"] = self.train_data.state_dict() if self.train_data is not None else {}
-        state["rng"] = comm.all_gather_object(get_rng_state())
-        state["callbacks"] = {type(c).__name__: c.state_dict() for c in self.callbacks}
-        state["config"] = OmegaConf.to_container(self.config, resolve=True)
-        return state
+        return self.engine.state_dict(sharded=sharded)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Load a checkpoint dict (model/optimizer only if present: a sharded one loads them first)."""
-        self.engine.load_state_dict(state, self.model, self.optimizer, self.scheduler)
-        self.update = int(state["trainer"]["update"])
-        if self.train_data is not None and state.get("data"):
-            self.train_data.load_state_dict(state["data"])
-        rngs = state.get("rng") or []
-        if len(rngs) == self.env.world_size:
-            set_rng_state(rngs[self.env.rank])
-        for c in self.callbacks:
-            if type(c).__name__ in (state.get("callbacks") or {}):
-                c.load_state_dict(state["callbacks"][type(c).__name__])
+        self.engine.load_state_dict(state)
 
 
 def mean_losses(micro: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:

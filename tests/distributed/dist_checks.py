@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from dist_models import LR, batch, build, full_params, local_optimizer_state_bytes, make_config, train
-from mmvl.checkpoint import load_sharded, save_sharded
+from mmvl.engine import load_sharded, save_sharded
 from mmvl.distributed.init import seed_for_init
 from mmvl.distributed.strategies import build_strategy
 

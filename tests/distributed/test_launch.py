@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mmvl.checkpoint import safe_load
+from mmvl.io import safe_load
 from mmvl.distributed.launch import processes_to_start
 from mmvl_cli.run import main
 from tests.fixtures.faults import ROOT, child_env, run_torchrun

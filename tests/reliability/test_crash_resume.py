@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from mmvl.checkpoint import CheckpointManager, safe_load
+from mmvl.checkpoint import CheckpointManager
+from mmvl.io import safe_load
 from mmvl_cli.run import main
 from tests.fixtures.faults import ROOT, SCRIPT, child_env, run_faulty
 from tests.fixtures.toy import register, toy_opts

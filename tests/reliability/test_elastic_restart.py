@@ -18,7 +18,7 @@ import pytest
 
 import torch
 
-from mmvl.checkpoint import safe_load
+from mmvl.io import safe_load
 from tests.fixtures.faults import KILLED, SEPARATOR, run_torchrun
 from tests.fixtures.toy import register, toy_opts
 

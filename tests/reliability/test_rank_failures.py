@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mmvl.checkpoint import safe_load
+from mmvl.io import safe_load
 from tests.fixtures.faults import launch_ranks, run_torchrun
 from tests.fixtures.toy import toy_opts
 

@@ -1,6 +1,6 @@
 """Sharded (FSDP/DCP) checkpoints are complete only when every rank's part and rank 0's marker are
 written: a directory a crash left without the marker, or with a part missing or cut short, is
-refused by ``mmvl.checkpoint.load_sharded`` and skipped by ``CheckpointManager.latest_sharded``."""
+refused by ``mmvl.engine.load_sharded`` and skipped by ``CheckpointManager.latest_sharded``."""
 from __future__ import annotations
 
 import json
@@ -10,8 +10,9 @@ import signal
 import pytest
 import torch
 
-from mmvl.checkpoint import (SHARDED_MARKER, CheckpointManager, check_sharded_complete, load_sharded,
-                             mark_sharded_complete, save_sharded, sharded_problem)
+from mmvl import io
+from mmvl.checkpoint import CheckpointManager, sharded
+from mmvl.engine import load_sharded, save_sharded
 from mmvl.errors import UserError
 from tests.distributed.dist_launch import LaunchError, launch
 from tests.distributed.dist_models import build, full_params, train
@@ -28,19 +29,19 @@ def _parts(directory, sizes=(10, 20)):
 
 def test_marker_lists_parts_and_detects_damage(tmp_path):
     d = _parts(tmp_path / "sharded_4")
-    assert "no COMPLETE.json" in sharded_problem(d)
+    assert "no COMPLETE.json" in sharded.problem(d)
     with pytest.raises(UserError, match="sharded_4.*incomplete.*no COMPLETE.json"):
-        check_sharded_complete(d)
-    mark_sharded_complete(d, world_size=2)
-    info = json.loads((d / SHARDED_MARKER).read_text())
+        sharded.check_complete(d)
+    io.mark_complete(d, world_size=2)
+    info = json.loads((d / io.MARKER).read_text())
     assert info == {"world_size": 2, "files": {".metadata": 1, "__0_0.distcp": 10, "__1_0.distcp": 20}}
-    check_sharded_complete(d)  # complete now
+    sharded.check_complete(d)  # complete now
     (d / "__1_0.distcp").write_bytes(b"x" * 7)  # a part cut short afterwards
-    assert "__1_0.distcp has 7 bytes, expected 20" in sharded_problem(d)
+    assert "__1_0.distcp has 7 bytes, expected 20" in sharded.problem(d)
     (d / "__1_0.distcp").unlink()
-    assert "__1_0.distcp is missing" in sharded_problem(d)
-    (d / SHARDED_MARKER).write_text("{not json")
-    assert "unreadable" in sharded_problem(d)
+    assert "__1_0.distcp is missing" in sharded.problem(d)
+    (d / io.MARKER).write_text("{not json")
+    assert "unreadable" in sharded.problem(d)
     assert not [p for p in d.iterdir() if p.name.endswith(".tmp")]
 
 
@@ -49,8 +50,8 @@ def test_latest_sharded_skips_incomplete(tmp_path, caplog):
     assert m.latest_sharded() is None
     for update in (2, 4, 10):
         _parts(m.sharded_path(update))
-    mark_sharded_complete(m.sharded_path(2))
-    mark_sharded_complete(m.sharded_path(4))
+    io.mark_complete(m.sharded_path(2))
+    io.mark_complete(m.sharded_path(4))
     assert m.latest_sharded() == m.sharded_path(4)  # numeric order: 10 is newest but has no marker
     assert "sharded_10" in caplog.text
     (m.sharded_path(4) / "__0_0.distcp").unlink()
@@ -115,7 +116,7 @@ def _fail_then_resume(env, root: str) -> dict:
     fs.FileSystemWriter.write_data = original
     torn = manager.sharded_path(4)
     state = {"failed": failed, "metadata": (torn / ".metadata").exists(),
-             "marker": (torn / SHARDED_MARKER).exists()}
+             "marker": (torn / io.MARKER).exists()}
     return {**state, **_resume(env, manager), "at_2": at_2}
 
 
@@ -157,5 +158,5 @@ def test_rank_killed_mid_save_directory_is_not_used(tmp_path):
     with pytest.raises(LaunchError, match=r"ranks \[1\] died without a Python error"):
         launch(_save_then_die, world_size=2, args=(str(tmp_path),), timeout=120, pg_timeout_s=20)
     torn = tmp_path / "checkpoints" / "sharded_4"
-    assert (torn / ".metadata").exists() and not (torn / SHARDED_MARKER).exists()
+    assert (torn / ".metadata").exists() and not (torn / io.MARKER).exists()
     _check(launch(_resume_fresh, world_size=2, args=(str(tmp_path),), timeout=120)[0])

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mmvl.checkpoint import safe_load
+from mmvl.io import safe_load
 from mmvl_cli.run import main
 from tests.fixtures.faults import ROOT, SCRIPT, child_env
 from tests.fixtures.toy import register, toy_opts

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from mmvl.checkpoint import safe_load
+from mmvl.io import safe_load
 from mmvl.config import load_config
 from mmvl.trainers import Trainer
 from tests.distributed.dist_launch import launch

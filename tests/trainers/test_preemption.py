@@ -7,7 +7,7 @@ import signal
 import pytest
 import torch
 
-from mmvl.checkpoint import safe_load
+from mmvl.io import safe_load
 from mmvl.config import load_config
 from mmvl.trainers import Trainer
 from mmvl.trainers.callbacks import Callback

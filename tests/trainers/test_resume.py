@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from mmvl.checkpoint import safe_load
+from mmvl.io import safe_load
 from mmvl.config import load_config
 from mmvl.errors import UserError
 from mmvl.trainers import Trainer
@@ -153,7 +153,7 @@ def test_pretrained_mapping_errors(tmp_path, pretrained, mapping, needle):
 
 
 def test_pretrained_without_mapping_needs_every_weight(tmp_path, pretrained):
-    from mmvl.checkpoint import atomic_save
+    from mmvl.io import atomic_save
 
     state = safe_load(pretrained)
     del state["model"]["net.4.weight"]
@@ -180,7 +180,7 @@ def test_config_changes_and_safe_keys():
 
 
 def test_pretrained_from_a_bare_state_dict(tmp_path, pretrained):
-    from mmvl.checkpoint import atomic_save
+    from mmvl.io import atomic_save
 
     bare = atomic_save(safe_load(pretrained)["model"], tmp_path / "weights.pt")  # e.g. exported weights
     t = Trainer(load_config(toy_opts(tmp_path, "checkpoint.resume_pretrained=true",

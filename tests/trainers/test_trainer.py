@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from mmvl import registry
-from mmvl.checkpoint import safe_load
+from mmvl.io import safe_load
 from mmvl.config import load_config
 from mmvl.trainers import NonFiniteLossError, Trainer, run
 from mmvl.trainers.callbacks import Callback

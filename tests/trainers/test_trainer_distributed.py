@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mmvl.checkpoint import safe_load
+from mmvl.io import safe_load
 from mmvl.config import load_config
 from mmvl.trainers import Trainer
 from tests.distributed.dist_launch import launch

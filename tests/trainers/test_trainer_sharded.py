@@ -13,7 +13,9 @@ import pytest
 import torch
 
 from mmvl import registry
-from mmvl.checkpoint import SHARDED_MARKER, SHARDED_STATE, safe_load
+from mmvl import io
+from mmvl.checkpoint.schema import SHARDED_STATE
+from mmvl.io import safe_load
 from mmvl.config import load_config
 from mmvl.errors import UserError
 from mmvl.trainers import Trainer
@@ -82,7 +84,7 @@ def _runs(env, root: str) -> dict:
     if env.rank == 0:  # as after a crash: no end-of-run export, and update 15's save torn mid-write
         os.remove(f"{ckpts}/last.ckpt")
         shutil.copytree(f"{ckpts}/sharded_10", f"{ckpts}/sharded_15")
-        os.remove(f"{ckpts}/sharded_15/{SHARDED_MARKER}")
+        os.remove(f"{ckpts}/sharded_15/{io.MARKER}")
     torch.distributed.barrier()
     resumed = fit("part", "checkpoint.resume=auto")
     out["resumed_from"] = resumed.resumed_from
@@ -119,7 +121,7 @@ def test_sharded_checkpoints_resume_prune_and_reshard(tmp_path):
         assert sorted(os.listdir(ckpts)) == ["best.ckpt", "last.ckpt", "sharded_15", "sharded_20"]
         for update in (15, 20):
             d = ckpts / f"sharded_{update}"
-            files = json.loads((d / SHARDED_MARKER).read_text())["files"]
+            files = json.loads((d / io.MARKER).read_text())["files"]
             assert sorted(files) == [".metadata", "__0_0.distcp", "__1_0.distcp", SHARDED_STATE]
             rest = safe_load(d / SHARDED_STATE, expect_keys=("trainer",))
             assert "model" not in rest and "optimizer" not in rest

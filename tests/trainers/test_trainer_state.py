@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from mmvl.checkpoint import safe_load
+from mmvl.io import safe_load
 from mmvl.config import load_config
 from mmvl.errors import UserError
 from mmvl.trainers import Trainer

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from mmvl import io
 from mmvl.data.features import format as fmt
 from mmvl.data.features.assemble import check_max_features, key_of, to_sample
 from mmvl.errors import UserError
@@ -104,7 +105,7 @@ class LMDBFeatureWriter:
         if os.path.exists(self.path):
             forget_env(self.path)
             shutil.rmtree(self.path) if os.path.isdir(self.path) else os.remove(self.path)
-        os.replace(self.tmp, self.path)
+        io.publish(self.tmp, self.path)
         return self.path
 
     def abort(self) -> None:

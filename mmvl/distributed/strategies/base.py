@@ -99,10 +99,9 @@ class Strategy:
         return self.unwrap(model).state_dict()
 
     def load_model_state_dict(self, model: torch.nn.Module, state: dict[str, Any]) -> None:
-        """Load a full state; a mismatched checkpoint raises a UserError listing keys."""
-        from mmvl.checkpoint import load_model_state
-
-        load_model_state(self.unwrap(model), state)
+        """Load a full state whose keys are the unwrapped model's own (the Engine matches a
+        checkpoint's keys to the model, and names mismatches, before it calls this)."""
+        self.unwrap(model).load_state_dict(state)
 
     def optimizer_state_dict(self, model: torch.nn.Module,
                              optimizer: torch.optim.Optimizer) -> dict[str, Any]:
@@ -121,7 +120,7 @@ class Strategy:
 
     # Sharded state: each rank's own part of the model and optimizer state dicts, written and
     # read through torch.distributed.checkpoint (DCP). Where the directory is and when it counts
-    # as complete (the marker, the rest of the checkpoint) is mmvl.checkpoint's business.
+    # as complete (the marker, the rest of the checkpoint) is the checkpoint package's business.
     def _dcp_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 

@@ -5,47 +5,15 @@ gathered on rank 0. Sharded form (``distributed.sharded_checkpoint=true`` under 
 each periodic or preemption save is ``sharded_<update>/``, where every rank writes its own
 part of model and optimizer (no gather) and rank 0 adds the rest (``state.ckpt``) before the
 completion marker; ``best.ckpt`` and the end-of-training ``last.ckpt`` stay full files.
-The layout is :mod:`mmvl.checkpoint`'s; resuming is :mod:`mmvl.trainers.resume`'s.
+This callback only decides when: writing is ``Trainer.save_checkpoint`` -> ``Engine.save_checkpoint``
+(who writes what), the layout is :mod:`mmvl.checkpoint`'s, resuming is :mod:`mmvl.trainers.resume`'s.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from mmvl.distributed.comm import on_main_agreed
 from mmvl.registry import register_callback
 from mmvl.trainers.callbacks.base import Callback
-
-
-def save_checkpoint(trainer: Any, is_best: bool = False, full: bool = False) -> None:
-    """Write the checkpoint of ``trainer.update`` (every rank calls this; use ``Trainer.save_checkpoint``).
-
-    ``full``: a full ``last.ckpt`` even in a sharded run (the end-of-training export).
-    """
-    t = trainer
-    if t.engine.sharded_checkpoint and not full:
-        _save_sharded(t, is_best)
-        return
-    state = t.state_dict()  # collective: every rank takes part
-    periodic = not t.engine.sharded_checkpoint  # a sharded run's export: last.ckpt only
-
-    def write() -> None:
-        t.checkpoints.save(state, t.update, is_best=is_best, periodic=periodic)
-
-    on_main_agreed(write, f"save the checkpoint of update {t.update}")
-
-
-def _save_sharded(t: Any, is_best: bool) -> None:
-    directory = t.checkpoints.sharded_path(t.update)
-    t.engine.save_sharded(str(directory), t.model, t.optimizer, extra=t.state_dict(sharded=True))
-    if t.engine.is_main_process:
-        t.checkpoints.prune_sharded()
-    if is_best:  # best.ckpt stays one full file, usable anywhere
-        state = t.state_dict()
-
-        def write_best() -> None:
-            t.checkpoints.save_best(state)
-
-        on_main_agreed(write_best, "save best.ckpt")
 
 
 @register_callback("checkpoint")

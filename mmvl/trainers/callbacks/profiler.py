@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from mmvl.checkpoint import atomic_write
+from mmvl.io import atomic_write
 from mmvl.errors import UserError
 from mmvl.registry import register_callback
 from mmvl.trainers.callbacks.base import Callback

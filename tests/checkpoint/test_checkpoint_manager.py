@@ -1,19 +1,18 @@
-"""Checkpoint files: round trip, crash safety, pruning, corrupt/unsafe files, key mapping."""
+"""The checkpoint manager: round trip, crash safety, pruning, corrupt files, resume choice, sharded folders."""
 import logging
 import os
 
 import pytest
 import torch
 
-import mmvl.checkpoint as ckpt_mod
-from mmvl.checkpoint import CheckpointManager, atomic_save, load_model_state, safe_load
+from mmvl import io
+from mmvl.checkpoint import CheckpointManager, sharded
 from mmvl.errors import UserError
-
+from mmvl.io import safe_load
 
 def _state(value: float, update: int = 0) -> dict:
     return {"model": {"w": torch.full((2, 3), value)}, "trainer": {"update": update, "best": None},
             "rng": {"torch": torch.get_rng_state()}, "config": {"a": [1, 2]}}
-
 
 def test_round_trip_and_links(tmp_path):
     m = CheckpointManager(tmp_path, max_to_keep=3)
@@ -33,7 +32,6 @@ def test_round_trip_and_links(tmp_path):
     assert safe_load(m.best_path)["trainer"]["update"] == 10
     assert not [p for p in m.dir.iterdir() if p.name.endswith(".tmp")]
 
-
 def test_state_is_serialised_once_per_save(tmp_path, monkeypatch):
     calls = []
     real_save = torch.save
@@ -42,7 +40,6 @@ def test_state_is_serialised_once_per_save(tmp_path, monkeypatch):
     m.save(_state(1.0, 1), update=1, is_best=True)
     assert len(calls) == 1
     assert safe_load(m.best_path)["trainer"]["update"] == safe_load(m.last_path)["trainer"]["update"] == 1
-
 
 def test_pruning_keeps_newest_n_and_links_survive(tmp_path):
     m = CheckpointManager(tmp_path, max_to_keep=2)
@@ -54,7 +51,6 @@ def test_pruning_keeps_newest_n_and_links_survive(tmp_path):
     for u in range(4):
         keep_all.save(_state(0.0, u), update=u)
     assert len(keep_all.periodic_paths()) == 4
-
 
 def test_crash_mid_save_keeps_previous_last(tmp_path, monkeypatch):
     m = CheckpointManager(tmp_path, max_to_keep=5)
@@ -77,13 +73,12 @@ def test_crash_mid_save_keeps_previous_last(tmp_path, monkeypatch):
     def replace_crash(src, dst):
         raise OSError("killed before rename")
 
-    monkeypatch.setattr(ckpt_mod.os, "replace", replace_crash)
+    monkeypatch.setattr(io.os, "replace", replace_crash)
     with pytest.raises(OSError):
         m.save(_state(3.0, 3), update=3)
     monkeypatch.undo()
     assert safe_load(m.last_path)["trainer"]["update"] == 1
     assert sorted(p.name for p in m.dir.iterdir()) == ["last.ckpt", "model_1.ckpt"]  # no temp files left
-
 
 def test_truncated_file_is_user_error_and_load_latest_falls_back(tmp_path, caplog):
     m = CheckpointManager(tmp_path, max_to_keep=5)
@@ -103,51 +98,6 @@ def test_truncated_file_is_user_error_and_load_latest_falls_back(tmp_path, caplo
     (m.dir / "model_1.ckpt").write_bytes(b"")
     with pytest.raises(UserError, match="no loadable checkpoint"):
         m.load_latest()
-
-
-def test_missing_and_non_checkpoint_files(tmp_path):
-    with pytest.raises(UserError, match="does not exist"):
-        safe_load(tmp_path / "nope.ckpt")
-    torch.save([torch.zeros(1)], tmp_path / "list.ckpt")
-    with pytest.raises(UserError, match="list"):
-        safe_load(tmp_path / "list.ckpt")
-    torch.save({"w": torch.zeros(1)}, tmp_path / "bare.ckpt")
-    with pytest.raises(UserError, match=r"lacks \['model'\]"):
-        safe_load(tmp_path / "bare.ckpt")
-    assert "w" in safe_load(tmp_path / "bare.ckpt", expect_keys=())
-
-
-class _Payload:
-    """Unpickling this would create a marker file (stands in for arbitrary code)."""
-
-    def __init__(self, marker):
-        self.marker = str(marker)
-
-    def __reduce__(self):
-        return (_touch, (self.marker,))
-
-
-def _touch(path):
-    open(path, "w").close()
-    return "ran"
-
-
-def test_pickled_object_payload_is_refused_without_running(tmp_path):
-    marker = tmp_path / "MARKER"
-    path = tmp_path / "evil.ckpt"
-    torch.save({"model": {"w": torch.zeros(1)}, "extra": _Payload(marker)}, path)
-    assert not marker.exists()
-    with pytest.raises(UserError, match=r"contains pickled Python objects.*weights-only") as err:
-        safe_load(path)
-    assert "evil.ckpt" in str(err.value) and "_touch" in str(err.value)
-    assert not marker.exists()
-    m = CheckpointManager(tmp_path / "run", max_to_keep=2)
-    m.dir.mkdir(parents=True)
-    os.replace(path, m.last_path)
-    with pytest.raises(UserError, match="no loadable"):
-        m.load_latest()
-    assert not marker.exists()
-
 
 def test_choose_resume(tmp_path, caplog):
     m = CheckpointManager(tmp_path, max_to_keep=2)
@@ -170,23 +120,6 @@ def test_choose_resume(tmp_path, caplog):
     m.last_path.unlink()
     assert m.choose_resume(True) == m.dir / "model_2.ckpt"
 
-
-@pytest.mark.parametrize("content, what", [
-    (b"model: visual_bert\ntraining:\n  seed: 1\n", "a text file (it starts with 'model: visual_bert')"),
-    (b'{"model": {"w": [1, 2]}}', "a text file"),
-    (b"# notes\nnot a checkpoint\n", "a text file (it starts with '# notes')"),
-    (b"", "an empty file"),
-    (bytes(range(200, 240)), "a file of another format (it starts with bytes c8 c9"),
-])
-def test_a_file_that_is_no_torch_file_is_named(tmp_path, content, what):
-    path = tmp_path / "model.ckpt"
-    path.write_bytes(content)
-    with pytest.raises(UserError) as info:
-        safe_load(path)
-    assert what in str(info.value) and "not a checkpoint written by torch.save" in str(info.value)
-    assert "pickled" not in str(info.value) and "corrupt" not in str(info.value)
-
-
 def test_move_aside_keeps_everything(tmp_path):
     m = CheckpointManager(tmp_path)
     assert m.move_aside() is None  # nothing to move
@@ -201,38 +134,6 @@ def test_move_aside_keeps_everything(tmp_path):
     second = m.move_aside()  # the same second: a second folder, never an overwrite
     assert second != first and safe_load(second / "checkpoints" / "last.ckpt")["trainer"]["update"] == 1
     assert safe_load(first / "checkpoints" / "last.ckpt")["trainer"]["update"] == 3
-
-
-def test_atomic_save_creates_parent(tmp_path):
-    p = atomic_save({"model": {}}, tmp_path / "a" / "b" / "x.ckpt")
-    assert safe_load(p) == {"model": {}}
-
-
-def test_load_model_state_prefixes_and_mismatches():
-    model = torch.nn.Sequential(torch.nn.Linear(4, 5), torch.nn.Linear(5, 2))
-    src = torch.nn.Sequential(torch.nn.Linear(4, 5), torch.nn.Linear(5, 2))
-    ddp_style = {f"module.{k}": v for k, v in src.state_dict().items()}
-    assert load_model_state(model, {"model": ddp_style}) == ([], [])
-    assert torch.equal(model[0].weight, src[0].weight)
-
-    class Wrapper(torch.nn.Module):
-        def __init__(self, inner):
-            super().__init__()
-            self.module = inner
-
-    wrapped = Wrapper(torch.nn.Sequential(torch.nn.Linear(4, 5), torch.nn.Linear(5, 2)))
-    load_model_state(wrapped, src.state_dict())  # adds the prefix
-    assert torch.equal(wrapped.module[1].bias, src[1].bias)
-
-    other = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2)).state_dict()
-    with pytest.raises(UserError, match=r"another model\? key '0\.weight': checkpoint \(3, 4\) vs model \(5, 4\)"):
-        load_model_state(model, other)
-    partial = {k: v for k, v in src.state_dict().items() if k.startswith("0.")}
-    partial["extra"] = torch.zeros(1)
-    with pytest.raises(UserError, match=r"missing \['1\.weight', '1\.bias'\].*unexpected \['extra'\]"):
-        load_model_state(model, partial)
-    assert load_model_state(model, partial, strict=False) == (["1.weight", "1.bias"], ["extra"])
-
 
 def test_load_latest_best_and_empty(tmp_path, caplog):
     m = CheckpointManager(tmp_path, max_to_keep=3)
@@ -250,32 +151,19 @@ def test_load_latest_best_and_empty(tmp_path, caplog):
     state, path = m.load_latest(best=True)  # corrupt best falls back to last
     assert path == m.last_path and state["trainer"]["update"] == 3
 
-
-def test_apply_state_mapping_moves_pretrained_prefix():
-    from mmvl.checkpoint import apply_state_mapping
-
-    state = {"module.bert.layer.w": 1, "bert.emb": 2, "classifier.w": 3}
-    assert apply_state_mapping(state, {"bert": "model.encoder."}) == {"model.encoder.layer.w": 1,
-                                                                      "model.encoder.emb": 2}
-    assert apply_state_mapping(state, {"bert.": ""}) == {"layer.w": 1, "emb": 2}
-    assert apply_state_mapping(state, {}) == state
-
-
-# -- sharded directories next to full files -------------------------------------------------------
 def _sharded(m: CheckpointManager, update: int, complete: bool = True, with_state: bool = True):
     """A fabricated trainer sharded checkpoint (DCP parts are opaque bytes here)."""
-    from mmvl.checkpoint import SHARDED_STATE, mark_sharded_complete
+    from mmvl.checkpoint.schema import SHARDED_STATE
 
     d = m.sharded_path(update)
     d.mkdir(parents=True)
     (d / "__0_0.distcp").write_bytes(b"x" * 8)
     (d / ".metadata").write_bytes(b"m")
     if with_state:
-        atomic_save({"trainer": {"update": update}}, d / SHARDED_STATE)
+        io.atomic_save({"trainer": {"update": update}}, d / SHARDED_STATE)
     if complete:
-        mark_sharded_complete(d, world_size=2)
+        io.mark_complete(d, world_size=2)
     return d
-
 
 def test_find_latest_picks_newest_of_full_and_sharded(tmp_path, caplog):
     m = CheckpointManager(tmp_path, max_to_keep=3)
@@ -304,9 +192,7 @@ def test_find_latest_picks_newest_of_full_and_sharded(tmp_path, caplog):
     torch.save(_state(4.0, 4), legacy, _use_new_zipfile_serialization=False)
     assert safe_load(legacy, mmap=True)["trainer"]["update"] == 4
 
-
 def test_prune_sharded_keeps_newest_complete(tmp_path):
-    from mmvl.checkpoint import sharded_problem
 
     m = CheckpointManager(tmp_path, max_to_keep=2)
     for u in (5, 10, 20, 100):
@@ -316,10 +202,9 @@ def test_prune_sharded_keeps_newest_complete(tmp_path):
     removed = m.prune_sharded()
     assert sorted(p.name for p in removed) == ["sharded_10", "sharded_15", "sharded_5"]
     assert [p.name for p in m.sharded_paths()] == ["sharded_20", "sharded_100"]  # numeric order
-    assert all(sharded_problem(p) is None for p in m.sharded_paths())
+    assert all(sharded.problem(p) is None for p in m.sharded_paths())
     assert safe_load(m.best_path)["trainer"]["update"] == 5
     assert CheckpointManager(tmp_path, max_to_keep=0).prune_sharded() == []
-
 
 def test_agreement_helpers_in_one_process():
     from mmvl.distributed.comm import all_ranks_agreed, on_main_agreed
@@ -330,7 +215,6 @@ def test_agreement_helpers_in_one_process():
     all_ranks_agreed(None, "x")
     with pytest.raises(UserError, match="^missing$"):
         all_ranks_agreed("missing", "x")
-
 
 def test_zero_optimizers_cannot_read_sharded(tmp_path):
     from mmvl.distributed.env import DistEnv
@@ -346,25 +230,3 @@ def test_zero_optimizers_cannot_read_sharded(tmp_path):
     assert not strategy.can_load_sharded(OwnFormat(model.parameters(), lr=0.1))
     with pytest.raises(UserError, match="is sharded.*cannot load it; resume it with .*fsdp"):
         strategy.load_sharded_state(model, OwnFormat(model.parameters(), lr=0.1), str(tmp_path))
-
-
-def test_written_files_follow_the_umask(tmp_path, umask):
-    """The atomic writer, its temp folders and the sharded layout give what open()/mkdir would
-    (mkstemp/mkdtemp make 0600/0700 whatever the umask)."""
-    from mmvl.checkpoint import atomic_write, make_temp_dir, save_sharded
-    from mmvl.config import save_config
-    from mmvl.data.predictions import write_predictions
-    from mmvl.distributed.env import DistEnv
-    from mmvl.distributed.strategies.single import SingleStrategy
-    from tests.fixtures.modes import tree, wrong_modes
-
-    m = CheckpointManager(tmp_path / "run")
-    m.save(_state(1.0, 2), update=2, is_best=True)
-    save_config({"a": 1}, tmp_path / "run" / "config.yaml")
-    write_predictions(str(tmp_path / "run"), "toy", "test", [{"id": 1, "answer": "yes"}])
-    atomic_write(tmp_path / "run" / "notes.txt", "w", lambda f: f.write("x"))
-    model = torch.nn.Linear(2, 2)
-    save_sharded(m.sharded_path(4), SingleStrategy(None, DistEnv()), model,
-                 torch.optim.AdamW(model.parameters()), extra={"trainer": {"update": 4}})
-    make_temp_dir(tmp_path / "run")
-    assert wrong_modes(tree(tmp_path / "run"), umask) == []

@@ -21,144 +21,34 @@ on a side stream while the current one computes (``prefetch``).
 
 With ``training.compile: true`` in its config, ``prepare`` compiles the model
 (:func:`compile_model`) before the strategy wraps it. Nothing here reads a value
-back from the device on a normal update: under fp16 whether the scaler skipped
-an update stays a device flag (``optimizer.skipped``), and a prepared LR
-scheduler takes back the steps of skipped updates when it ``settle()``-s.
+back from the device on a normal update (see :mod:`mmvl.engine.prepared`).
 
-The Trainer is built on the same object, so both paths share one
-implementation of precision, accumulation and strategy handling.
+What a checkpoint holds is the Engine's named checkpointables: the model, optimizer,
+scaler, scheduler and RNG it prepares, plus whatever the Trainer or user code registers
+(:meth:`Engine.register_checkpointable`). The Trainer is built on the same object, so both
+paths share one implementation of precision, accumulation, strategy and checkpoint handling.
 """
 from __future__ import annotations
 
 import atexit
 import contextlib
-import warnings
+import os
+from pathlib import Path
 from typing import Any, Iterator
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from mmvl.data.sample import DevicePrefetcher, to_device
+from mmvl import io
+from mmvl.checkpoint import CheckpointManager, Checkpointables, load_checkpoint, schema
+from mmvl.data.sample import to_device
 from mmvl.distributed import comm
 from mmvl.distributed.env import DistEnv
 from mmvl.distributed.strategies.base import Strategy
+from mmvl.engine import state as engine_state
+from mmvl.engine.prepared import DeviceLoader, PreparedOptimizer, PreparedScheduler, inner, rebind_scheduler
 from mmvl.errors import UserError
 from mmvl.utils.precision import compute_dtype
-
-
-class PreparedOptimizer:
-    """Wraps an optimizer so ``step``/``zero_grad`` act only at accumulation boundaries.
-
-    Under fp16 the step goes through the grad scaler, which skips updates whose
-    gradients are not finite. Whether it did is left on the device (``skipped``, a
-    bool tensor) instead of being read on every update; ``step_was_skipped`` reads
-    it (and so waits for the device). Everything else is forwarded to the wrapped
-    optimizer.
-    """
-
-    def __init__(self, engine: "Engine", optimizer: torch.optim.Optimizer):
-        self.engine = engine
-        self.optimizer = optimizer
-        #: fp16: True (on the device) when the scaler skipped the last update; None otherwise
-        self.skipped: torch.Tensor | None = None
-
-    def step(self, closure: Any = None) -> None:
-        if not self.engine.sync_gradients:
-            return
-        scaler = self.engine.scaler
-        if scaler is None:
-            self.optimizer.step(closure)
-            return
-        if not self.engine._unscaled:
-            scaler.unscale_(self.optimizer)
-        before = _scale_of(scaler).clone()
-        scaler.step(self.optimizer)
-        scaler.update()
-        # the scaler backs off (lowers its scale) exactly when it skipped the update
-        self.skipped = _scale_of(scaler) < before
-        self.engine._unscaled = False
-
-    @property
-    def step_was_skipped(self) -> bool:
-        """Whether the fp16 scaler skipped the last update (waits for the device)."""
-        return self.skipped is not None and bool(self.skipped)
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        if self.engine.sync_gradients:
-            self.optimizer.zero_grad(set_to_none=set_to_none)
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.optimizer.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state)
-
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:
-        return self.optimizer.param_groups
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.optimizer, name)
-
-
-def _scale_of(scaler: Any) -> torch.Tensor:
-    """The scaler's current scale as a tensor on its device (no host read)."""
-    scale = getattr(scaler, "_scale", None)  # torch's GradScaler keeps it there, updated in place
-    return scale if isinstance(scale, torch.Tensor) else torch.tensor(float(scaler.get_scale()))
-
-
-class PreparedScheduler:
-    """Steps the LR schedule once per optimizer update, never per micro-step, and not for
-    updates the fp16 scaler skipped.
-
-    Which updates were skipped is known on the device only. Instead of waiting for it on
-    every update, a closed-form schedule (``LambdaLR``: all of mmvl's) steps at once and is
-    moved back by the number of skipped updates when :meth:`settle` reads that count (the
-    Trainer does at every log interval, and ``state_dict`` does before a checkpoint). In
-    between, the lr may be ahead by the few updates skipped there. Other schedulers read the
-    flag on every update (exact, but a wait on the device).
-    """
-
-    def __init__(self, engine: "Engine", scheduler: Any):
-        self.engine = engine
-        self.scheduler = scheduler
-        self._skipped: torch.Tensor | None = None  # skipped updates not yet taken back (device)
-
-    def step(self) -> None:
-        if not self.engine.sync_gradients:
-            return
-        optimizer = self.engine._prepared.get("optimizer")
-        skipped = getattr(optimizer, "skipped", None)
-        if skipped is None:
-            self.scheduler.step()
-        elif not isinstance(self.scheduler, torch.optim.lr_scheduler.LambdaLR):
-            if not bool(skipped):
-                self.scheduler.step()
-        else:
-            with warnings.catch_warnings():  # torch warns when the scaler skipped the optimizer's step
-                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)` before")
-                self.scheduler.step()
-            self._skipped = skipped.int() if self._skipped is None else self._skipped + skipped
-
-    def settle(self) -> None:
-        """Take back the steps taken for skipped fp16 updates (reads one number from the device)."""
-        if self._skipped is None:
-            return
-        behind, self._skipped = int(self._skipped.item()), None
-        if behind:
-            self.scheduler.last_epoch -= behind + 1
-            self.scheduler.step()  # recomputes every group's lr at the corrected position
-
-    def state_dict(self) -> dict[str, Any]:
-        self.settle()
-        return self.scheduler.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._skipped = None
-        self.scheduler.load_state_dict(state)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.scheduler, name)
 
 
 class Engine:
@@ -197,8 +87,14 @@ class Engine:
                             "would share one compiled forward); use ddp (torchrun) or training.compile=false.")
         self.sync_gradients = True
         self._micro_step = 0
-        self._unscaled = False
+        #: fp16: the prepared optimizer's gradients were unscaled for clipping in this update
+        self.grads_unscaled = False
         self._prepared: dict[str, Any] = {}
+        #: what a checkpoint of this Engine holds, by name (see :meth:`register_checkpointable`)
+        self.checkpointables = Checkpointables()
+        if self.scaler is not None:
+            self.checkpointables.register(schema.SCALER, self.scaler)
+        self.checkpointables.register(schema.RNG, engine_state.rng_state(self.env))
 
     # -- properties ---------------------------------------------------------
     @property
@@ -217,6 +113,16 @@ class Engine:
     def world_size(self) -> int:
         return self.env.world_size
 
+    @property
+    def prepared_model(self) -> torch.nn.Module | None:
+        """The model :meth:`prepare` returned (wrapped by the strategy), or None."""
+        return self._prepared.get("model")
+
+    @property
+    def prepared_optimizer(self) -> PreparedOptimizer | None:
+        """The optimizer :meth:`prepare` returned, or None."""
+        return self._prepared.get("optimizer")
+
     # -- set-up ---------------------------------------------------------------
     def prepare(self, *objs: Any) -> Any:
         """Move/wrap models, wrap optimizers, schedulers and data loaders, in the order given."""
@@ -229,6 +135,8 @@ class Engine:
                 compile_model(model, self.compile_backend, per_unit=self.strategy.name != "single")
             wrapped_model, new_opt = self.strategy.wrap(model, optimizer)
             self._prepared["model"] = wrapped_model
+            self.checkpointables.unregister(schema.MODEL)  # a second prepare() replaces the first
+            self.checkpointables.register(schema.MODEL, engine_state.ModelState(self.strategy, wrapped_model))
         out = []
         for o in objs:
             if o is model and model is not None:
@@ -237,12 +145,16 @@ class Engine:
                 inner = new_opt if (o is optimizer and new_opt is not None) else o
                 prepared = PreparedOptimizer(self, inner)
                 self._prepared["optimizer"] = prepared
+                if schema.OPTIMIZER not in self.checkpointables:
+                    self.checkpointables.register(schema.OPTIMIZER, engine_state.OptimizerState(self))
                 out.append(prepared)
             elif isinstance(o, torch.optim.lr_scheduler.LRScheduler):
                 if new_opt is not None and o.optimizer is optimizer:
-                    _rebind_scheduler(o, new_opt)
+                    rebind_scheduler(o, new_opt)
                 prepared = PreparedScheduler(self, o)
                 self._prepared["scheduler"] = prepared
+                self.checkpointables.unregister(schema.SCHEDULER)
+                self.checkpointables.register(schema.SCHEDULER, prepared)
                 out.append(prepared)
             elif isinstance(o, torch.utils.data.DataLoader):
                 out.append(DeviceLoader(self._shard_loader(o), self.device, self.prefetch))
@@ -291,12 +203,11 @@ class Engine:
         """Unscale (fp16) and clip at the boundary; returns the global norm (None off-boundary)."""
         if not self.sync_gradients:
             return None
-        opt = optimizer or self._prepared.get("optimizer")
-        inner = opt.optimizer if isinstance(opt, PreparedOptimizer) else opt
-        if self.scaler is not None and not self._unscaled:
-            self.scaler.unscale_(inner)
-            self._unscaled = True
-        return self.strategy.clip_grad_norm_(model, inner, float(max_norm))
+        opt = inner(optimizer or self.prepared_optimizer)
+        if self.scaler is not None and not self.grads_unscaled:
+            self.scaler.unscale_(opt)
+            self.grads_unscaled = True
+        return self.strategy.clip_grad_norm_(model, opt, float(max_norm))
 
     def to_device(self, batch: Any) -> Any:
         if self.device.type == "cpu":  # batches come from host memory: nothing to move (or walk through)
@@ -324,105 +235,53 @@ class Engine:
         """Whether checkpoints are written per rank (``distributed.sharded_checkpoint`` under fsdp)."""
         return self.strategy.sharded_checkpoint
 
-    def state_dict(self, model: torch.nn.Module, optimizer: Any = None,
-                   scheduler: Any = None, sharded: bool = False) -> dict[str, Any]:
-        """Model/optimizer/scaler/scheduler state, consolidated to full tensors.
+    def register_checkpointable(self, name: str, obj: Any) -> None:
+        """Save and load ``obj`` (anything with ``state_dict``/``load_state_dict``) under ``name``
+        in every checkpoint and :meth:`save_state`."""
+        self.checkpointables.register(name, obj)
+
+    def state_dict(self, sharded: bool = False) -> dict[str, Any]:
+        """Every checkpointable's state (a collective: every rank calls it), full tensors.
 
         ``sharded``: without model and optimizer (they go through :meth:`save_sharded`).
         """
-        if isinstance(scheduler, PreparedScheduler):
-            scheduler.settle()
-        inner, sched = _inner(optimizer), _inner(scheduler)
-        state: dict[str, Any] = {} if sharded else {"model": self.strategy.model_state_dict(model)}
-        if inner is not None and not sharded:
-            state["optimizer"] = self.strategy.optimizer_state_dict(model, inner)
-        if self.scaler is not None:
-            state["scaler"] = self.scaler.state_dict()
-        if sched is not None:
-            state["scheduler"] = sched.state_dict()
-        return state
+        return self.checkpointables.state_dict(skip=schema.SHARDED_KEYS if sharded else ())
 
-    def load_state_dict(self, state: dict[str, Any], model: torch.nn.Module,
-                        optimizer: Any = None, scheduler: Any = None) -> None:
-        """Load a full state; model and optimizer only when present (see :meth:`load_sharded`)."""
-        if "model" in state:
-            self.strategy.load_model_state_dict(model, state["model"])
-        inner = _inner(optimizer)
-        if inner is not None and state.get("optimizer") is not None:
-            self.strategy.load_optimizer_state_dict(model, inner, state["optimizer"])
-        if self.scaler is not None and state.get("scaler"):
-            self.scaler.load_state_dict(state["scaler"])
-        sched = _inner(scheduler)
-        if sched is not None and state.get("scheduler") is not None:
-            sched.load_state_dict(state["scheduler"])
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Give every checkpointable its part of ``state``; model and optimizer only when present
+        (a sharded checkpoint loads them through :meth:`load_sharded`)."""
+        self.checkpointables.load_state_dict(schema.upgrade(state))
 
-    def save_sharded(self, directory: str, model: torch.nn.Module, optimizer: Any = None,
-                     extra: dict[str, Any] | None = None) -> None:
+    def save_checkpoint(self, manager: CheckpointManager, update: int, is_best: bool = False,
+                        full: bool = False) -> None:
+        """Checkpoint ``update`` into ``manager``'s folder, full or sharded (every rank calls it)."""
+        engine_state.save_checkpoint(self, manager, update, is_best=is_best, full=full)
+
+    def save_sharded(self, directory: str | os.PathLike[str], extra: dict[str, Any] | None = None) -> Path:
         """Every rank writes its part of model+optimizer; rank 0 adds ``extra``, then the marker."""
-        from mmvl.checkpoint import save_sharded
+        return engine_state.save_sharded(directory, self.strategy, self.prepared_model,
+                                         inner(self.prepared_optimizer), extra=extra)
 
-        save_sharded(directory, self.strategy, model, _inner(optimizer), extra=extra)
+    def can_load_sharded(self, optimizer: bool = True) -> bool:
+        """Whether this strategy reads sharded checkpoints (with the optimizer state, by default)."""
+        return self.strategy.can_load_sharded(inner(self.prepared_optimizer) if optimizer else None)
 
-    def can_load_sharded(self, optimizer: Any = None) -> bool:
-        return self.strategy.can_load_sharded(_inner(optimizer))
+    def load_sharded(self, directory: str | os.PathLike[str], optimizer: bool = True) -> None:
+        """Every rank reads the model (and optimizer) from a complete sharded folder (re-sharded to
+        this world size)."""
+        engine_state.load_sharded(directory, self.strategy, self.prepared_model,
+                                  inner(self.prepared_optimizer) if optimizer else None)
 
-    def load_sharded(self, directory: str, model: torch.nn.Module, optimizer: Any = None) -> None:
-        """Every rank reads model (+optimizer unless None) from a complete sharded directory
-        (re-sharded to this world size)."""
-        from mmvl.checkpoint import load_sharded
-
-        load_sharded(directory, self.strategy, model, _inner(optimizer))
-
-    def save_state(self, path: str) -> None:
-        """Save what ``prepare`` saw (model, optimizer, scaler, scheduler, RNG) to one file."""
-        from mmvl.checkpoint import atomic_save
-        from mmvl.utils.rng import get_rng_state
-
-        state = self.state_dict(self._prepared["model"], self._prepared.get("optimizer"),
-                                self._prepared.get("scheduler"))
-        state["rng"] = comm.all_gather_object(get_rng_state())
+    def save_state(self, path: str | os.PathLike[str]) -> None:
+        """Save every checkpointable (what ``prepare`` saw, the RNG, and what was registered) to one file."""
+        state = self.state_dict()
         if self.is_main_process:
-            atomic_save(state, path)
+            io.atomic_save(state, path)
         self.wait_for_everyone()
 
-    def load_state(self, path: str) -> None:
-        from mmvl.checkpoint import safe_load
-        from mmvl.utils.rng import set_rng_state
-
-        state = safe_load(path)
-        self.load_state_dict(state, self._prepared["model"], self._prepared.get("optimizer"),
-                             self._prepared.get("scheduler"))
-        rngs = state.get("rng") or []
-        if len(rngs) == self.world_size:
-            set_rng_state(rngs[self.rank])
-
-
-class DeviceLoader:
-    """Iterates a DataLoader and moves each batch to the device.
-
-    Each ``iter()`` is a new pass over the loader, as with the DataLoader itself. On
-    CUDA with ``prefetch`` the next batch is copied on a side stream while the current
-    one computes (pin the DataLoader's memory, ``pin_memory=True``, for the copy to
-    overlap).
-    """
-
-    def __init__(self, loader: torch.utils.data.DataLoader, device: torch.device, prefetch: bool = True):
-        self.loader = loader
-        self.device = device
-        self.prefetch = prefetch
-
-    def __iter__(self) -> Iterator[Any]:
-        if self.prefetch and self.device.type == "cuda":
-            yield from DevicePrefetcher(self.loader, self.device)
-            return
-        for batch in self.loader:
-            yield to_device(batch, self.device)
-
-    def __len__(self) -> int:
-        return len(self.loader)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.loader, name)
+    def load_state(self, path: str | os.PathLike[str]) -> None:
+        """Load what :meth:`save_state` wrote."""
+        self.load_state_dict(load_checkpoint(path))
 
 
 def compile_model(model: torch.nn.Module, backend: str = "inductor", per_unit: bool = False) -> None:
@@ -437,19 +296,6 @@ def compile_model(model: torch.nn.Module, backend: str = "inductor", per_unit: b
     units = list(model.shard_units()) if per_unit and hasattr(model, "shard_units") else []
     for module in units or [model]:
         module.compile(backend=backend)
-
-
-def _inner(obj: Any) -> Any:
-    """The optimizer/scheduler a PreparedOptimizer/PreparedScheduler wraps (else ``obj``)."""
-    if isinstance(obj, PreparedOptimizer):
-        return obj.optimizer
-    return obj.scheduler if isinstance(obj, PreparedScheduler) else obj
-
-
-def _rebind_scheduler(scheduler: Any, optimizer: torch.optim.Optimizer) -> None:
-    for group, base_lr in zip(optimizer.param_groups, scheduler.base_lrs):
-        group.setdefault("initial_lr", base_lr)
-    scheduler.optimizer = optimizer
 
 
 def _init_process(config: Any) -> DistEnv:

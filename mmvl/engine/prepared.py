@@ -1,0 +1,176 @@
+"""What ``Engine.prepare`` hands back: an optimizer, a scheduler and a loader that know the Engine.
+
+Under fp16 the step goes through the grad scaler, which skips updates whose gradients are not
+finite. Whether it did is left on the device instead of being read on every update, so the step
+never waits for the device; the scheduler takes back the steps of skipped updates when it
+``settle()``-s (the Trainer does at every log interval).
+"""
+from __future__ import annotations
+
+import warnings
+from typing import TYPE_CHECKING, Any, Iterator
+
+import torch
+
+from mmvl.data.sample import DevicePrefetcher, to_device
+
+if TYPE_CHECKING:
+    from mmvl.engine.core import Engine
+
+
+class PreparedOptimizer:
+    """Wraps an optimizer so ``step``/``zero_grad`` act only at accumulation boundaries.
+
+    Under fp16 the step goes through the grad scaler, which skips updates whose
+    gradients are not finite. Whether it did is left on the device (``skipped``, a
+    bool tensor) instead of being read on every update; ``step_was_skipped`` reads
+    it (and so waits for the device). Everything else is forwarded to the wrapped
+    optimizer.
+    """
+
+    def __init__(self, engine: "Engine", optimizer: torch.optim.Optimizer):
+        self.engine = engine
+        self.optimizer = optimizer
+        #: fp16: True (on the device) when the scaler skipped the last update; None otherwise
+        self.skipped: torch.Tensor | None = None
+
+    def step(self, closure: Any = None) -> None:
+        if not self.engine.sync_gradients:
+            return
+        scaler = self.engine.scaler
+        if scaler is None:
+            self.optimizer.step(closure)
+            return
+        if not self.engine.grads_unscaled:
+            scaler.unscale_(self.optimizer)
+        before = _scale_of(scaler).clone()
+        scaler.step(self.optimizer)
+        scaler.update()
+        # the scaler backs off (lowers its scale) exactly when it skipped the update
+        self.skipped = _scale_of(scaler) < before
+        self.engine.grads_unscaled = False
+
+    @property
+    def step_was_skipped(self) -> bool:
+        """Whether the fp16 scaler skipped the last update (waits for the device)."""
+        return self.skipped is not None and bool(self.skipped)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        if self.engine.sync_gradients:
+            self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state)
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self.optimizer.param_groups
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.optimizer, name)
+
+
+def _scale_of(scaler: Any) -> torch.Tensor:
+    """The scaler's current scale as a tensor on its device (no host read)."""
+    scale = getattr(scaler, "_scale", None)  # torch's GradScaler keeps it there, updated in place
+    return scale if isinstance(scale, torch.Tensor) else torch.tensor(float(scaler.get_scale()))
+
+
+class PreparedScheduler:
+    """Steps the LR schedule once per optimizer update, never per micro-step, and not for
+    updates the fp16 scaler skipped.
+
+    Which updates were skipped is known on the device only. Instead of waiting for it on
+    every update, a closed-form schedule (``LambdaLR``: all of mmvl's) steps at once and is
+    moved back by the number of skipped updates when :meth:`settle` reads that count (the
+    Trainer does at every log interval, and ``state_dict`` does before a checkpoint). In
+    between, the lr may be ahead by the few updates skipped there. Other schedulers read the
+    flag on every update (exact, but a wait on the device).
+    """
+
+    def __init__(self, engine: "Engine", scheduler: Any):
+        self.engine = engine
+        self.scheduler = scheduler
+        self._skipped: torch.Tensor | None = None  # skipped updates not yet taken back (device)
+
+    def step(self) -> None:
+        if not self.engine.sync_gradients:
+            return
+        optimizer = self.engine.prepared_optimizer
+        skipped = getattr(optimizer, "skipped", None)
+        if skipped is None:
+            self.scheduler.step()
+        elif not isinstance(self.scheduler, torch.optim.lr_scheduler.LambdaLR):
+            if not bool(skipped):
+                self.scheduler.step()
+        else:
+            with warnings.catch_warnings():  # torch warns when the scaler skipped the optimizer's step
+                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)` before")
+                self.scheduler.step()
+            self._skipped = skipped.int() if self._skipped is None else self._skipped + skipped
+
+    def settle(self) -> None:
+        """Take back the steps taken for skipped fp16 updates (reads one number from the device)."""
+        if self._skipped is None:
+            return
+        behind, self._skipped = int(self._skipped.item()), None
+        if behind:
+            self.scheduler.last_epoch -= behind + 1
+            self.scheduler.step()  # recomputes every group's lr at the corrected position
+
+    def state_dict(self) -> dict[str, Any]:
+        self.settle()
+        return self.scheduler.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._skipped = None
+        self.scheduler.load_state_dict(state)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.scheduler, name)
+
+
+class DeviceLoader:
+    """Iterates a DataLoader and moves each batch to the device.
+
+    Each ``iter()`` is a new pass over the loader, as with the DataLoader itself. On
+    CUDA with ``prefetch`` the next batch is copied on a side stream while the current
+    one computes (pin the DataLoader's memory, ``pin_memory=True``, for the copy to
+    overlap).
+    """
+
+    def __init__(self, loader: torch.utils.data.DataLoader, device: torch.device, prefetch: bool = True):
+        self.loader = loader
+        self.device = device
+        self.prefetch = prefetch
+
+    def __iter__(self) -> Iterator[Any]:
+        if self.prefetch and self.device.type == "cuda":
+            yield from DevicePrefetcher(self.loader, self.device)
+            return
+        for batch in self.loader:
+            yield to_device(batch, self.device)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.loader, name)
+
+
+def inner(obj: Any) -> Any:
+    """The optimizer/scheduler a PreparedOptimizer/PreparedScheduler wraps (else ``obj``)."""
+    if isinstance(obj, PreparedOptimizer):
+        return obj.optimizer
+    return obj.scheduler if isinstance(obj, PreparedScheduler) else obj
+
+
+def rebind_scheduler(scheduler: Any, optimizer: torch.optim.Optimizer) -> None:
+    for group, base_lr in zip(optimizer.param_groups, scheduler.base_lrs):
+        group.setdefault("initial_lr", base_lr)
+    scheduler.optimizer = optimizer
+
+
