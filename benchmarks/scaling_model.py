@@ -4,30 +4,33 @@
     python benchmarks/scaling_model.py --step-ms 41.2 --bucket-mb 50 --overlap 0.5
 
 A weak-scaling model (the per-GPU batch stays the same, so N GPUs do N times the work
-per update): update time = compute + the communication that backward (or forward)
-cannot hide. Communication is a ring: an all-reduce moves 2(N-1)/N of the bytes
-through every link, a reduce-scatter or all-gather (N-1)/N, plus one latency per ring
-hop and bucket. Within a node the link is NVLink; across nodes every byte of a ring
-also crosses each node's network link (``--net-gbit`` per node, shared by its GPUs),
-so the slower of the two bounds a multi-node ring.
+per update): update time = compute + the communication that compute cannot hide.
+Collectives are rings, charged the way nccl-tests reports them: a collective of S bytes
+takes factor x S / busbw + messages x hops x latency, where an all-reduce has factor
+2(N-1)/N and 2(N-1) hops (a reduce-scatter then an all-gather), and a reduce-scatter,
+all-gather, reduce or broadcast factor (N-1)/N and N-1 hops. busbw is the achievable bus
+bandwidth: in a node NVLink's (``--nvlink-gbs``, not the line rate); across nodes every
+byte of a ring also leaves each node through its NICs (``--nics-per-node`` x
+``--nic-gbit`` x ``--nic-efficiency``), and the slower of the two bounds the ring.
 
-- ddp: all-reduce of the gradients in ``bucket_cap_mb`` buckets, overlapped with the
-  backward pass except the last bucket (``--overlap``: the share of backward the
-  all-reduce can run under).
+- ddp: all-reduce of the fp32 gradients in ``bucket_cap_mb`` buckets (one message each),
+  overlapped with backward only (``--overlap`` of it), never the last bucket.
 - zero_torch (ZeRO-1: torch's ZeroRedundancyOptimizer over DDP): DDP's all-reduce, each
-  rank steps 1/N of the optimizer, then the updated parameters are all-gathered
-  (after the step: not hidden).
+  rank steps 1/N of the optimizer, then the updated parameters are all-gathered (after the
+  step: not hidden; modelled as one message).
 - zero_fairscale (ZeRO-2: fairscale OSS + ShardedDDP): gradients reduced to their owner
-  only (half of an all-reduce's traffic), 1/N of the optimizer, parameters broadcast
-  after the step.
-- fsdp (FULL_SHARD, bf16 parameters, fp32 reduction): parameters all-gathered for forward
-  and again for backward, gradients reduce-scattered; all three prefetched under compute
-  (``--overlap`` of it), 1/N of the optimizer.
+  (a reduce per bucket, overlapped with backward), 1/N of the optimizer, parameters
+  broadcast after the step (not hidden).
+- fsdp (FULL_SHARD, bf16 parameters, fp32 reduction, ``--fsdp-units`` equal units, one
+  message per unit and collective): parameters all-gathered for forward (hidden under
+  forward except the first unit's) and again for backward, gradients reduce-scattered
+  (both hidden under backward except the last unit's), 1/N of the optimizer.
 
-It prints each strategy's expected speed-up at 8, 16 and 64 GPUs next to the claims of
-the seed guide (``/work/shared/reference/000_*.txt``: 8 GPUs with DDP 6.1x, 16 GPUs with
-ZeRO 11.5x). A model, not a measurement: it ignores stragglers, data loading and
-NCCL's choice of tree algorithms; measure on the cluster before trusting a figure.
+It prints its assumptions, then each strategy's expected speed-up at 8, 16 and 64 GPUs
+next to the claims of the seed guide (``/work/shared/reference/000_*.txt``: 8 GPUs with
+DDP 6.1x, 16 GPUs with ZeRO 11.5x). A model, not a measurement: it ignores stragglers,
+data loading and NCCL's tree and NVLink SHARP algorithms (faster than rings for
+all-reduce); measure on the cluster before trusting a figure.
 """
 from __future__ import annotations
 
@@ -41,26 +44,42 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GUIDE = {("ddp", 8): 6.1, ("zero_torch", 16): 11.5, ("zero_fairscale", 16): 11.5}
 STRATEGIES = ("ddp", "zero_torch", "zero_fairscale", "fsdp")
 GPU_COUNTS = (8, 16, 64)
+#: AdamW on fp32 state reads parameter, gradient and both moments (16 B) and writes parameter and
+#: both moments (12 B) per parameter
+OPTIMIZER_BYTES = 28
+# Defaults, both from NCCL maintainers' answers on nccl-tests issues (approximate published figures):
+#: H100/H200 NVLink 4 is 450 GB/s per direction on the wire; with ~20% protocol overhead NCCL gets
+#: ~370 GB/s, the busbw of a ring all-reduce (NCCL_ALGO=RING) on 8 GPUs (NVIDIA/nccl-tests#212,
+#: 2024-05-06; NVLink SHARP all-reduce reaches ~480 GB/s busbw, which this ring model leaves out)
+NVLINK_BUSBW_GBS = 370.0
+#: a 400 Gb/s (50 GB/s) NDR NIC gives 46-48 GB/s through NCCL (NVIDIA/nccl-tests#290, 2025-03-03): 47/50
+NIC_EFFICIENCY = 0.94
+COLLECTIVES = {"all_reduce": 2, "reduce_scatter": 1, "all_gather": 1, "reduce": 1, "broadcast": 1}
 
 
 @dataclass
 class Network:
     gpus_per_node: int = 8
-    nvlink_gbs: float = 450.0  # GB/s one way per GPU (NVLink 4: 900 GB/s both ways)
-    net_gbit: float = 400.0  # Gb/s per node between nodes
+    nvlink_gbs: float = NVLINK_BUSBW_GBS  # achievable bus bandwidth per GPU in a node, GB/s
+    nics_per_node: int = 8  # an 8-GPU H100/H200 node: one 400 Gb/s NIC per GPU
+    nic_gbit: float = 400.0  # line rate of one NIC, Gb/s
+    nic_efficiency: float = NIC_EFFICIENCY  # share of the line rate NCCL reaches
     latency_us: float = 5.0  # per ring hop
 
-    def bandwidth(self, gpus: int) -> float:
-        """Bytes/s a ring over ``gpus`` GPUs moves per link."""
+    def busbw(self, gpus: int) -> float:
+        """Bytes/s of bus bandwidth a ring over ``gpus`` GPUs reaches."""
+        nvlink = self.nvlink_gbs * 1e9
         if gpus <= self.gpus_per_node:
-            return self.nvlink_gbs * 1e9
-        return min(self.nvlink_gbs * 1e9, self.net_gbit / 8 * 1e9)
+            return nvlink
+        return min(nvlink, self.nics_per_node * self.nic_gbit / 8 * 1e9 * self.nic_efficiency)
 
-    def ring(self, nbytes: float, gpus: int, factor: float, messages: int = 1) -> float:
-        """Seconds of a ring collective moving ``factor`` x ``nbytes`` per link in ``messages`` pieces."""
-        if gpus == 1:
+    def collective(self, kind: str, nbytes: float, gpus: int, messages: int = 1) -> float:
+        """Seconds of ``messages`` ring ``kind`` collectives moving ``nbytes`` in all (the full tensor)."""
+        if gpus == 1 or nbytes == 0:
             return 0.0
-        return factor * nbytes / self.bandwidth(gpus) + messages * (gpus - 1) * self.latency_us * 1e-6
+        passes = COLLECTIVES[kind]  # an all-reduce is a reduce-scatter then an all-gather
+        factor, hops = passes * (gpus - 1) / gpus, passes * (gpus - 1)
+        return factor * nbytes / self.busbw(gpus) + messages * hops * self.latency_us * 1e-6
 
 
 @dataclass
@@ -71,6 +90,7 @@ class Model:
     param_bytes_per_param: float = 4.0
     optimizer_s: float = 0.0
     backward_share: float = 2 / 3  # of forward + backward
+    fsdp_units: int = 13  # the base preset: 12 transformer layers + the root (embeddings, head)
 
     @property
     def compute_s(self) -> float:
@@ -88,26 +108,27 @@ class Model:
 def update_time(strategy: str, gpus: int, m: Model, net: Network, bucket_mb: float, overlap: float) -> float:
     """Modelled seconds per update on ``gpus`` GPUs."""
     grads, params = m.params * m.grad_bytes_per_param, m.params * m.param_bytes_per_param
-    n = (gpus - 1) / gpus
-    buckets = max(1, math.ceil(grads / (bucket_mb * 2**20)))
-    last_bucket = net.ring(min(grads, bucket_mb * 2**20), gpus, 2 * n)
+    bucket = bucket_mb * 2**20
+    buckets = max(1, math.ceil(grads / bucket))
     if strategy in ("ddp", "zero_torch"):
-        comm = net.ring(grads, gpus, 2 * n, buckets)
-        exposed = max(last_bucket, comm - overlap * m.backward_s)
+        comm = net.collective("all_reduce", grads, gpus, buckets)
+        exposed = max(net.collective("all_reduce", min(grads, bucket), gpus), comm - overlap * m.backward_s)
         if strategy == "ddp":
             return m.compute_s + exposed + m.optimizer_s
-        gather = net.ring(params, gpus, n)
-        return m.compute_s + exposed + m.optimizer_s / gpus + gather
+        return m.compute_s + exposed + m.optimizer_s / gpus + net.collective("all_gather", params, gpus)
     if strategy == "zero_fairscale":
-        comm = net.ring(grads, gpus, n, buckets)
-        exposed = max(last_bucket / 2, comm - overlap * m.backward_s)
-        return m.compute_s + exposed + m.optimizer_s / gpus + net.ring(params, gpus, n)
+        comm = net.collective("reduce", grads, gpus, buckets)
+        exposed = max(net.collective("reduce", min(grads, bucket), gpus), comm - overlap * m.backward_s)
+        return m.compute_s + exposed + m.optimizer_s / gpus + net.collective("broadcast", params, gpus)
     if strategy == "fsdp":
-        low = m.params * 2  # bf16 parameters gathered
-        forward = max(0.0, net.ring(low, gpus, n) - overlap * m.forward_s)
-        backward = max(0.0, net.ring(low, gpus, n) + net.ring(grads, gpus, n) - overlap * m.backward_s)
+        units, low = m.fsdp_units, m.params * 2  # bf16 parameters gathered
+        gather = net.collective("all_gather", low, gpus, units)
+        scatter = net.collective("reduce_scatter", grads, gpus, units)
+        forward = max(net.collective("all_gather", low / units, gpus), gather - overlap * m.forward_s)
+        backward = max(net.collective("reduce_scatter", grads / units, gpus),
+                       gather + scatter - overlap * m.backward_s)
         return m.compute_s + forward + backward + m.optimizer_s / gpus
-    raise ValueError(strategy)
+    raise ValueError(f"unknown strategy {strategy!r}; one of {', '.join(STRATEGIES)}")
 
 
 def base_model_params() -> int:
@@ -116,7 +137,7 @@ def base_model_params() -> int:
     import torch
     from omegaconf import OmegaConf
 
-    from step_speed import PRESETS, model_options
+    from step_speed_setup import PRESETS, model_options
     from mmvl.models import VisualBert
 
     with torch.device("meta"):
@@ -124,31 +145,75 @@ def base_model_params() -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+def assumptions(args: argparse.Namespace, m: Model, net: Network) -> list[str]:
+    """The model's inputs and rules, printed before its figures."""
+    net_gbs = net.nics_per_node * net.nic_gbit / 8 * net.nic_efficiency
+    return [
+        f"one GPU: {1e3 * m.step_s:.1f} ms/update, of which optimizer {1e3 * m.optimizer_s:.2f} ms "
+        f"({OPTIMIZER_BYTES if args.optimizer_ms is None else 'given'} B/param at {args.hbm_gbs:g} GB/s HBM), "
+        f"backward {m.backward_share:.2f} of the rest; {m.params / 1e6:.1f}M parameters, "
+        f"{m.params * m.grad_bytes_per_param / 2**20:.0f} MB fp32 gradients",
+        f"in a node of {net.gpus_per_node} GPUs: NVLink busbw {net.nvlink_gbs:g} GB/s per GPU (achievable "
+        f"ring all-reduce busbw, not the 450 GB/s line rate; a default)",
+        f"between nodes: {net.nics_per_node} NICs x {net.nic_gbit:g} Gb/s x {net.nic_efficiency:g} "
+        f"= {net_gbs:.0f} GB/s per node; a ring's busbw is the lower of the two",
+        f"ring collective of S bytes on N GPUs: factor x S / busbw + messages x hops x {net.latency_us:g} us; "
+        f"all-reduce factor 2(N-1)/N, 2(N-1) hops; reduce-scatter/all-gather/reduce/broadcast (N-1)/N, N-1 hops",
+        f"ddp/zero: {args.bucket_mb:g} MB buckets, one message each, hidden under {args.overlap:g} of backward "
+        f"(not the last bucket); fsdp: {m.fsdp_units} units, one message per unit per collective (all-gather "
+        f"forward, all-gather backward, reduce-scatter), hidden under {args.overlap:g} of forward and backward",
+    ]
+
+
+def positive(value: str) -> float:
+    """argparse type: a number above 0 (one clear line and exit 2 otherwise)."""
+    number = float(value)
+    if not number > 0:
+        raise argparse.ArgumentTypeError(f"must be above 0, got {value}")
+    return number
+
+
 def main(argv: list[str] | None = None) -> list[tuple[str, int, float]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--step-ms", type=float, default=22.9,
+    parser.add_argument("--step-ms", type=positive, default=22.9,
                         help="measured one-GPU update time (default: 128 samples at 5,600 samples/s, the H200 aim "
                              "of issue 9 for the base preset)")
-    parser.add_argument("--params", type=float, default=None, help="parameters (default: the base preset's model)")
-    parser.add_argument("--bucket-mb", type=float, default=25.0, help="distributed.bucket_cap_mb")
+    parser.add_argument("--params", type=positive, default=None, help="parameters (default: the base preset's model)")
+    parser.add_argument("--bucket-mb", type=positive, default=25.0, help="distributed.bucket_cap_mb")
     parser.add_argument("--overlap", type=float, default=0.8,
-                        help="share of backward (fsdp: also forward) that communication can run under")
+                        help="share of backward (fsdp: of forward and of backward) communication can run under")
     parser.add_argument("--optimizer-ms", type=float, default=None,
-                        help="the optimizer step inside --step-ms (default: 16 bytes read+written per parameter "
-                             "at --hbm-gbs)")
-    parser.add_argument("--hbm-gbs", type=float, default=4800.0, help="GPU memory bandwidth, GB/s (H200: 4,800)")
+                        help=f"the optimizer step inside --step-ms (default: AdamW's {OPTIMIZER_BYTES} bytes read and "
+                             "written per parameter at --hbm-gbs)")
+    parser.add_argument("--hbm-gbs", type=positive, default=4800.0, help="GPU memory bandwidth, GB/s (H200: 4,800)")
     parser.add_argument("--gpus-per-node", type=int, default=8)
-    parser.add_argument("--nvlink-gbs", type=float, default=450.0, help="NVLink GB/s one way per GPU")
-    parser.add_argument("--net-gbit", type=float, default=400.0, help="network Gb/s per node")
+    parser.add_argument("--nvlink-gbs", type=positive, default=NVLINK_BUSBW_GBS,
+                        help="achievable NVLink bus bandwidth per GPU, GB/s (default: ~370, NCCL's ring all-reduce "
+                             "busbw on 8 H100s)")
+    parser.add_argument("--nics-per-node", type=int, default=8, help="network cards per node (H200 node: 8)")
+    parser.add_argument("--nic-gbit", type=positive, default=400.0, help="line rate of one NIC, Gb/s")
+    parser.add_argument("--nic-efficiency", type=positive, default=NIC_EFFICIENCY,
+                        help="share of the NIC line rate NCCL reaches (default: 47 of 50 GB/s)")
     parser.add_argument("--latency-us", type=float, default=5.0, help="latency per ring hop, microseconds")
+    parser.add_argument("--fsdp-units", type=int, default=13,
+                        help="FSDP units (the base preset: 12 layers + the root)")
     args = parser.parse_args(argv)
+    if not 0 <= args.overlap <= 1:
+        parser.error(f"--overlap must be between 0 and 1, got {args.overlap:g}")
+    if min(args.gpus_per_node, args.nics_per_node, args.fsdp_units) < 1:
+        parser.error("--gpus-per-node, --nics-per-node and --fsdp-units must be 1 or more")
     params = args.params or base_model_params()
-    optimizer_ms = args.optimizer_ms if args.optimizer_ms is not None else params * 32 / (args.hbm_gbs * 1e9) * 1e3
-    model = Model(step_s=args.step_ms / 1e3, params=params, optimizer_s=optimizer_ms / 1e3)
-    net = Network(args.gpus_per_node, args.nvlink_gbs, args.net_gbit, args.latency_us)
-    print(f"one GPU: {args.step_ms:.1f} ms/update ({optimizer_ms:.2f} ms optimizer), {params / 1e6:.1f}M parameters "
-          f"({params * 4 / 2**20:.0f} MB fp32 gradients), buckets of {args.bucket_mb:g} MB, overlap {args.overlap:g}; "
-          f"NVLink {args.nvlink_gbs:g} GB/s, {args.net_gbit:g} Gb/s per node of {args.gpus_per_node} GPUs")
+    optimizer_ms = (args.optimizer_ms if args.optimizer_ms is not None
+                    else params * OPTIMIZER_BYTES / (args.hbm_gbs * 1e9) * 1e3)
+    if not 0 <= optimizer_ms < args.step_ms:
+        parser.error(f"--optimizer-ms {optimizer_ms:g} must be at least 0 and below --step-ms {args.step_ms:g}")
+    model = Model(step_s=args.step_ms / 1e3, params=params, optimizer_s=optimizer_ms / 1e3,
+                  fsdp_units=args.fsdp_units)
+    net = Network(args.gpus_per_node, args.nvlink_gbs, args.nics_per_node, args.nic_gbit, args.nic_efficiency,
+                  args.latency_us)
+    print("assumptions:")
+    for line in assumptions(args, model, net):
+        print(f"  {line}")
     print(f"{'strategy':15s} {'GPUs':>4s} {'ms/update':>10s} {'speed-up':>9s} {'efficiency':>10s}   seed guide")
     rows = []
     for strategy in STRATEGIES:

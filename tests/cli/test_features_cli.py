@@ -5,9 +5,10 @@ import os
 import subprocess
 import sys
 
-import lmdb
 import numpy as np
 import pytest
+
+lmdb = pytest.importorskip("lmdb", reason="lmdb is not installed (the feature store needs it)")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 import os
 import pickle
 
-import lmdb
 import numpy as np
 import pytest
 import torch
@@ -15,6 +14,8 @@ from mmvl.data.features.convert import convert_mmf_lmdb, convert_npy_dir, parse_
 from mmvl.data.features import lmdb_store
 from mmvl.data.features.lmdb_store import LMDBFeatureWriter, open_env
 from mmvl.errors import UserError
+
+lmdb = pytest.importorskip("lmdb", reason="lmdb is not installed (the feature store needs it)")
 
 ROWS = {"a": 5, "b": 8, "sub/c": 12}
 DIM = 16
