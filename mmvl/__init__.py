@@ -8,7 +8,7 @@ from mmvl.errors import UserError
 
 from mmvl import losses, metrics, optim  # noqa: E402,F401  (registration)
 from mmvl.distributed import strategies  # noqa: E402,F401
-from mmvl.data import datasets, processors  # noqa: E402,F401
+from mmvl.data import datasets, multi, processors  # noqa: E402,F401
 from mmvl import models  # noqa: E402,F401
 from mmvl import trainers  # noqa: E402,F401
 from mmvl.engine import Engine  # noqa: E402

@@ -26,6 +26,7 @@ import torch
 
 from mmvl.config.access import config_value, plain
 from mmvl.config.components import bind_params, component_spec
+from mmvl.config.schema import LR_SCALINGS
 from mmvl.errors import UserError, did_you_mean
 from mmvl.registry import OPTIMIZERS, SCHEDULERS, register_optimizer, register_scheduler
 
@@ -33,7 +34,6 @@ log = logging.getLogger("mmvl")
 
 register_optimizer("adam_w", torch.optim.AdamW)
 
-LR_SCALINGS = ("linear", "sqrt")
 #: global batch size at which the configured lr is used unchanged
 LR_SCALING_BASE_BATCH_SIZE = 256
 

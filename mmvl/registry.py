@@ -30,8 +30,11 @@ Contracts (what the looked-up object is called with, and returns):
 - ``TRAINERS``: ``cls(config: DictConfig)`` with ``fit()``/``evaluate()``.
 - ``CALLBACKS``: ``cls(trainer, **params)``; a
   :class:`mmvl.trainers.callbacks.base.Callback`.
-- ``STRATEGIES``: ``cls(config: DictConfig, env)``; a
+- ``STRATEGIES``: ``cls(config: DictConfig, env, compute_dtype)``; a
   :class:`mmvl.distributed.strategies.base.Strategy`.
+- ``MULTITASKING``: ``fn(sizes: {dataset: samples}, params) -> weights | None`` (``multitasking.type``:
+  how the next training batch's dataset is drawn; None: round robin); ``fn.params`` names the
+  ``multitasking.params`` it reads.
 - ``IMAGE_ENCODERS``: ``cls(**params)``; an ``nn.Module`` turning pixels
   ``B x 3 x H x W`` into a grid ``B x out_dim x h x w`` (``model_config.<model>.image_encoder``).
 
@@ -130,11 +133,12 @@ TRAINERS = Registry("trainer")
 CALLBACKS = Registry("callback")
 STRATEGIES = Registry("strategy")
 IMAGE_ENCODERS = Registry("image_encoder")
+MULTITASKING = Registry("multitasking")
 
 ALL: dict[str, Registry] = {
     r.kind: r
     for r in (MODELS, DATASETS, PROCESSORS, LOSSES, METRICS, OPTIMIZERS, SCHEDULERS,
-              TRAINERS, CALLBACKS, STRATEGIES, IMAGE_ENCODERS)
+              TRAINERS, CALLBACKS, STRATEGIES, IMAGE_ENCODERS, MULTITASKING)
 }
 
 register_model = MODELS.register
@@ -149,3 +153,4 @@ register_trainer = TRAINERS.register
 register_callback = CALLBACKS.register
 register_strategy = STRATEGIES.register
 register_image_encoder = IMAGE_ENCODERS.register
+register_multitasking = MULTITASKING.register

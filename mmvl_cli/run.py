@@ -10,7 +10,7 @@ Arguments are key=value pairs, applied in this order (later wins):
   config=FILE        a YAML file with any of the keys below (repeatable)
   model=NAME         a registered model (visual_bert, mmbt, concat_bert, ...)
   datasets=A[,B]     one or more registered datasets (dataset= also works)
-  run_type=TYPE      train | val | test | train_val (default) | train_test
+  run_type=TYPE      stages joined by _: train_val (default), train, val, test, train_val_test, ...
   a.b.c=VALUE        any key of configs/defaults.yaml or of the chosen model/dataset YAMLs,
                      dotted; VALUE is read as YAML: 3, 1e-3, true, null, [a,b], {k: v}.
                      Misspelt keys are rejected with a suggestion.

@@ -1,9 +1,10 @@
 """Components: the YAMLs of the chosen model and datasets, user registrations, and the one
 builder of ``{type, params}`` entries.
 
-Models and datasets are looked up in :mod:`mmvl.registry` (built-ins via
-``mmvl.models`` / ``mmvl.data.datasets``, user code via ``env.user_dir``) so an
-unknown name fails early with the registry's suggestions.
+Models and datasets are looked up in :mod:`mmvl.registry` (the built-ins are registered by
+``import mmvl``, which every import of ``mmvl.config`` runs first; user code by ``env.user_dir``)
+so an unknown name fails early with the registry's suggestions. Nothing here imports a layer
+above the config: the layers register into the registry, which sits below it.
 """
 from __future__ import annotations
 
@@ -20,26 +21,6 @@ from mmvl.errors import UserError, did_you_mean
 
 if TYPE_CHECKING:
     from mmvl.registry import Registry
-
-#: registry kind -> the package whose import registers its built-ins
-_BUILTIN_PACKAGES = {"model": "mmvl.models", "dataset": "mmvl.data.datasets", "processor": "mmvl.data.processors",
-                     "loss": "mmvl.losses", "metric": "mmvl.metrics", "optimizer": "mmvl.optim",
-                     "scheduler": "mmvl.optim", "trainer": "mmvl.trainers", "callback": "mmvl.trainers.callbacks",
-                     "strategy": "mmvl.distributed.strategies", "image_encoder": "mmvl.models"}
-
-
-def import_builtins(kind: str) -> None:
-    """Import the package that registers the built-in components of ``kind`` (a registry kind).
-
-    Only a missing package itself is tolerated; errors inside it propagate.
-    """
-    package = _BUILTIN_PACKAGES[kind]
-    try:
-        importlib.import_module(package)
-    except ModuleNotFoundError as err:
-        if err.name not in (package, package.rsplit(".", 1)[0]):
-            raise
-
 
 def import_user_dir(user_dir: str, source: str) -> ModuleType:
     """Import ``user_dir`` as a package so its ``@register_*`` calls run.
@@ -148,6 +129,13 @@ def bind_params(obj: Any, params: Mapping[str, Any], args: Sequence[Any] = (), *
         raise UserError(f"{kind} {name!r} needs {where}.params."
                         f"{missing[0] if missing else '<argument>'}; see its signature {signature}.") from None
     return params
+
+
+def accepted_keywords(obj: Any, n_args: int = 0) -> tuple[list[str], bool]:
+    """``(keyword params obj takes after n_args positionals, takes **kwargs)``; (``[]``, True)
+    where the signature cannot be read."""
+    _, accepted, open_ = _signature(obj, n_args)
+    return accepted, open_
 
 
 def accepts(obj: Any, name: str) -> bool:

@@ -17,12 +17,12 @@ from omegaconf.errors import OmegaConfBaseException
 
 from mmvl.config import mmf
 from mmvl.config.access import ABSENT, lookup
-from mmvl.config.components import component_yaml, import_builtins, import_user_dir
+from mmvl.config.components import component_yaml, import_user_dir
 from mmvl.config.files import load_with_includes, read_yaml
 from mmvl.config.opts import normalize_datasets, parse_opts
 from mmvl.config.resolvers import register_resolvers
-from mmvl.config.validate import (Provenance, apply_aliases, check_final, check_layer, is_interpolation,
-                                  registered_kinds)
+from mmvl.config.switch import adopt_switched_types
+from mmvl.config.validate import Provenance, apply_aliases, check_final, check_layer, is_interpolation
 from mmvl.errors import UserError
 
 CLI = "command line"
@@ -54,9 +54,8 @@ def load_config(
     if model is not None and not isinstance(model, str):
         raise UserError(f"'model' must be a registered model name, got {model!r}.")
 
-    # built-ins first, so a user registration that reuses a built-in name fails on the user's side
-    for kind in ("model",) * bool(model) + ("dataset",) * bool(datasets) + registered_kinds():
-        import_builtins(kind)
+    # the built-ins are registered already (``import mmvl`` runs before this module), so a user
+    # registration that reuses a built-in name fails on the user's side
     if user_dir:
         import_user_dir(user_dir, _source_of("env.user_dir", chosen))
 
@@ -72,18 +71,14 @@ def load_config(
         layer = mmf.translate(layer, base, source, ignored)
         _deep_merge(merged, check_layer(layer, base, source, provenance))
     mmf.warn_unused(ignored)
-    return _finish(merged, provenance)
+    return _finish(merged, provenance, base)
 
 
 def import_registrations(opts: Iterable[str] = (), config_root: str | os.PathLike[str] | None = None) -> None:
-    """Import every registry's built-ins, then the ``env.user_dir`` that ``opts`` choose
-    (``mmvl_run --list ... env.user_dir=...``); the registries then hold what a run could use."""
-    from mmvl import registry
-
+    """Import the ``env.user_dir`` that ``opts`` choose (``mmvl_run --list ... env.user_dir=...``);
+    the registries then hold what a run could use (the built-ins are registered by ``import mmvl``)."""
     register_resolvers()
     defaults_path, defaults, user, cli = _read_layers(opts, _config_root(config_root))
-    for kind in registry.ALL:
-        import_builtins(kind)
     chosen = [(str(defaults_path), defaults), *user, *cli]
     user_dir = _choose("env.user_dir", chosen)
     if user_dir:
@@ -173,7 +168,7 @@ def _deep_merge(dst: dict[str, Any], src: Mapping[str, Any]) -> dict[str, Any]:
     return dst
 
 
-def _finish(merged: dict[str, Any], provenance: Provenance) -> DictConfig:
+def _finish(merged: dict[str, Any], provenance: Provenance, base: dict[str, Any]) -> DictConfig:
     """Resolve, check cross-key rules and aliases, return a plain (resolved) DictConfig."""
     try:
         cfg = OmegaConf.create(merged)
@@ -195,6 +190,7 @@ def _finish(merged: dict[str, Any], provenance: Provenance) -> DictConfig:
     if isinstance(resolved.get("datasets"), str):
         resolved["datasets"] = normalize_datasets(resolved["datasets"], "the resolved config")
     check_final(resolved, provenance)
+    adopt_switched_types(resolved, base, provenance, keep_from=CLI)
     apply_aliases(resolved, provenance)
     return OmegaConf.create(resolved)
 

@@ -11,7 +11,8 @@ mmvl adds later wins over this table without an edit. Per key, in this order:
 - ``UNUSED``: MMF keys mmvl has no use for: removed and listed in ONE warning line per load.
 
 Anything else stays as written, so a key that is neither mmvl's nor MMF's is still an error.
-``VALUES`` maps MMF's values of keys both share (``run_type: train_inference``).
+``VALUES`` maps MMF's values of keys both share (``training.trainer: mmf``); MMF's run types
+(``train_inference``, ``train_val_inference``) are read by :func:`mmvl.config.schema.parse_run_type`.
 MMF's ``includes: [configs/...]`` resolve against mmvl's ``configs/`` (see :func:`include_path`).
 """
 from __future__ import annotations
@@ -79,7 +80,6 @@ UNUSED: tuple[str, ...] = (
 )
 #: keys both have, MMF value -> mmvl value
 VALUES: dict[str, dict[Any, Any]] = {
-    "run_type": {"train_inference": "train_test", "inference": "test", "predict": "test"},
     "training.trainer": {"mmf": "mmvl"},
 }
 #: where MMF's ``includes: [configs/...]`` live in its package; mmvl's configs/ folder stands in

@@ -10,75 +10,35 @@ from __future__ import annotations
 import difflib
 from typing import Any, Callable
 
+from mmvl.config import schema
 from mmvl.config.access import config_value
+from mmvl import registry
 from mmvl.errors import UserError, did_you_mean
 
 #: where each leaf key was last set (dotted key -> file path or "command line")
 Provenance = dict[str, str]
 
-def _precisions() -> tuple[Any, ...]:
-    from mmvl.utils.precision import PRECISIONS
-
-    return tuple(PRECISIONS)
-
-
-def _backends() -> tuple[Any, ...]:
-    from mmvl.distributed.init import BACKENDS
-
-    return BACKENDS
-
-
-def _pin_memory() -> tuple[Any, ...]:
-    from mmvl.data.loaders import PIN_MEMORY
-
-    return PIN_MEMORY
+def _tables() -> tuple[dict[str, tuple[Any, ...]], dict[str, tuple[str, tuple[Any, ...]]], dict[str, bool]]:
+    """The typed schema's closed choices, registry-backed keys and positive integers."""
+    choices, registered, positive = {}, {}, {}
+    for key, f in schema.fields().items():
+        meta = f.metadata
+        if meta.get("choices") is not None:
+            choices[key] = tuple(meta["choices"])
+        if meta.get("registry"):
+            registered[key] = (meta["registry"], tuple(meta.get("extra") or ()))
+        if meta.get("positive"):
+            positive[key] = str(f.type).startswith("Optional")  # null allowed
+    return choices, registered, positive
 
 
-def _lr_scalings() -> tuple[Any, ...]:
-    from mmvl.optim import LR_SCALINGS
-
-    return ("none", *LR_SCALINGS, None)
-
-
-def _tensorboard() -> tuple[Any, ...]:
-    from mmvl.trainers.callbacks.tensorboard import TENSORBOARD
-
-    return TENSORBOARD
-
-
-#: keys with a fixed set of values; each set is owned by the code that acts on the value
-CHOICES: dict[str, Callable[[], tuple[Any, ...]]] = {
-    "run_type": lambda: ("train", "val", "test", "train_val", "train_test"),
-    "checkpoint.resume": lambda: (True, False, "auto"),
-    "training.precision": _precisions,
-    "training.pin_memory": _pin_memory,
-    "distributed.backend": _backends,
-    "optimizer.lr_scaling": _lr_scalings,
-    "training.tensorboard": _tensorboard,
-}
-#: keys naming a registered component: (registry kind, values allowed besides the registered names).
-#: The registry decides, after the built-ins and ``env.user_dir`` are imported.
-REGISTERED: dict[str, tuple[str, tuple[Any, ...]]] = {
-    "distributed.strategy": ("strategy", ("auto",)),
-    "training.trainer": ("trainer", ()),
-    "optimizer.type": ("optimizer", ()),
-    "scheduler.type": ("scheduler", (None,)),
-}
-#: keys that must be positive integers (None allowed where listed)
-POSITIVE_INT: dict[str, bool] = {
-    "training.batch_size": False,
-    "training.max_updates": True,
-    "training.max_epochs": True,
-    "training.gradient_accumulation": False,
-    "training.update_frequency": True,
-}
+#: keys with a fixed set of values (declared in :mod:`mmvl.config.schema`)
+#: keys naming a registered component: (registry kind, values allowed besides the registered names);
+#: the registry decides, with the built-ins and ``env.user_dir`` registered.
+#: keys that must be positive integers (True: null allowed)
+CHOICES, REGISTERED, POSITIVE_INT = _tables()
 #: top-level sections that must not accept arbitrary new names
 _CLOSED_ROOTS = ("model_config", "dataset_config")
-
-
-def registered_kinds() -> tuple[str, ...]:
-    """The registry kinds that config keys name (their built-ins are imported before checking)."""
-    return tuple(dict.fromkeys(kind for kind, _ in REGISTERED.values()))
 
 
 def is_interpolation(value: Any) -> bool:
@@ -238,7 +198,7 @@ def _type_error(path: str, value: Any, wanted: str, source: str) -> UserError:
 
 
 def _check_choice(path: str, value: Any, source: str) -> None:
-    allowed = CHOICES[path]()
+    allowed = CHOICES[path]
     if not any(value == a and type(value) is type(a) for a in allowed):
         raise UserError(f"Config key {path!r} in {source} must be one of {_names(allowed)}; got {value!r}."
                         f"{did_you_mean(str(value), [str(a) for a in allowed])}")
@@ -246,13 +206,9 @@ def _check_choice(path: str, value: Any, source: str) -> None:
 
 def _check_registered(path: str, value: Any, source: str) -> None:
     """``value`` is a registered name of the key's kind (or one of its extra values)."""
-    from mmvl import registry
-    from mmvl.config.components import import_builtins
-
     kind, extra = REGISTERED[path]
     if any(value == a and type(value) is type(a) for a in extra):
         return
-    import_builtins(kind)
     reg = registry.ALL[kind]
     if isinstance(value, str) and (value in reg or _found(reg, value)):
         return
@@ -293,7 +249,12 @@ def _check_positive_int(path: str, value: Any, source: str) -> None:
         )
 
 
+def _check_run_type(path: str, value: Any, source: str) -> None:
+    schema.parse_run_type(value, source)
+
+
 _SPECIAL: dict[str, Callable[[str, Any, str], None]] = {
+    "run_type": _check_run_type,
     **{k: _check_choice for k in CHOICES},
     **{k: _check_registered for k in REGISTERED},
     **{k: _check_positive_int for k in POSITIVE_INT},
@@ -319,7 +280,9 @@ def check_final(cfg: dict[str, Any], provenance: Provenance) -> None:
 
 
 def apply_aliases(cfg: dict[str, Any], provenance: Provenance) -> None:
-    """MMF flags that alias other keys: update_frequency, fp16, data_parallel."""
+    """MMF flags that alias other keys (update_frequency, fp16, data_parallel) and MMF's spellings of
+    run_type, resolved here once: code reads only the canonical keys."""
+    cfg["run_type"] = schema.parse_run_type(cfg.get("run_type"), provenance.get("run_type", "the merged config"))
     training, dist = cfg["training"], cfg["distributed"]
     freq = training.get("update_frequency")
     if freq is not None:

@@ -21,7 +21,6 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from mmvl.errors import UserError
 
 
-PIN_MEMORY = ("auto", True, False)
 
 
 def freeze_inherited(worker_id: int) -> None:

@@ -26,6 +26,7 @@ from omegaconf import DictConfig
 
 from mmvl.config.access import plain_dict
 from mmvl.errors import UserError, did_you_mean
+from mmvl.registry import MULTITASKING, register_multitasking
 
 #: mixed into the seed so the draws are not correlated with samplers seeded from ``seed``
 _SEED_SALT = 0x6D756C7469  # "multi"
@@ -49,16 +50,28 @@ class Stream(Protocol):
 StrategyFn = Callable[[dict[str, int], dict[str, Any]], "list[float] | None"]
 
 
+def sampling(name: str, params: tuple[str, ...]) -> Callable[[StrategyFn], StrategyFn]:
+    """Register a multitasking sampling strategy reading ``multitasking.params`` ``params``."""
+    def add(fn: StrategyFn) -> StrategyFn:
+        fn.params = params  # type: ignore[attr-defined]
+        return register_multitasking(name)(fn)
+
+    return add
+
+
+@sampling("size_proportional", ())
 def _size_proportional(sizes: dict[str, int], params: dict[str, Any]) -> list[float]:
     """Each sample seen about equally often: P(dataset) ~ its size."""
     return [float(s) for s in sizes.values()]
 
 
+@sampling("round_robin", ())
 def _round_robin(sizes: dict[str, int], params: dict[str, Any]) -> None:
     """Datasets in config order, one batch each, repeating."""
     return None
 
 
+@sampling("ratios", ("sampling_ratios",))
 def _ratios(sizes: dict[str, int], params: dict[str, Any]) -> list[float]:
     """Fixed user weights: ``params.sampling_ratios: {name: weight}``."""
     key = "multitasking.params.sampling_ratios"
@@ -82,6 +95,7 @@ def _ratios(sizes: dict[str, int], params: dict[str, Any]) -> list[float]:
     return weights
 
 
+@sampling("temperature", ("temperature",))
 def _temperature(sizes: dict[str, int], params: dict[str, Any]) -> list[float]:
     """P ~ size^(1/T): T=1 is size-proportional, large T tends to uniform."""
     key = "multitasking.params.temperature"
@@ -94,13 +108,6 @@ def _temperature(sizes: dict[str, int], params: dict[str, Any]) -> list[float]:
     return [math.exp(v - top) for v in logs]  # shifted: no overflow for huge sizes / small T
 
 
-#: name -> (weights function, the params it reads)
-STRATEGIES: dict[str, tuple[StrategyFn, tuple[str, ...]]] = {
-    "size_proportional": (_size_proportional, ()),
-    "round_robin": (_round_robin, ()),
-    "ratios": (_ratios, ("sampling_ratios",)),
-    "temperature": (_temperature, ("temperature",)),
-}
 DEFAULT_STRATEGY = "size_proportional"
 
 
@@ -109,18 +116,18 @@ def resolve_strategy(config: DictConfig | Mapping[str, Any] | None,
     """Validate the ``multitasking`` config; return (strategy name, normalized probabilities)."""
     cfg = plain_dict(config)
     name = cfg.get("type") or DEFAULT_STRATEGY
-    if name not in STRATEGIES:
+    if name not in MULTITASKING:
         raise UserError(f"multitasking.type={name!r} is not a sampling strategy; choose one of "
-                        f"{', '.join(STRATEGIES)}." + did_you_mean(str(name), STRATEGIES))
+                        f"{', '.join(MULTITASKING.names())}." + did_you_mean(str(name), MULTITASKING.names()))
     params = cfg.get("params") or {}
     if not isinstance(params, Mapping):
         raise UserError(f"multitasking.params must be a mapping, got {params!r}.")
-    known = {p for _, names in STRATEGIES.values() for p in names}
+    known = {p for n in MULTITASKING.names() for p in getattr(MULTITASKING.get(n), "params", ())}
     for key in params:  # params of another strategy are ignored, typos are not
         if key not in known:
             raise UserError(f"multitasking.params.{key} is not a sampling parameter (known: "
                             f"{', '.join(sorted(known))})." + did_you_mean(str(key), known))
-    fn, _ = STRATEGIES[name]
+    fn = MULTITASKING.get(name)
     weights = fn(sizes, dict(params))
     if weights is None:
         return name, None

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from mmvl.config.access import config_value  # noqa: F401  (also imported from here by strategies)
+from mmvl.config.schema import BACKENDS
 from mmvl.distributed.env import DistEnv
 from mmvl.distributed.slurm import detect_slurm
 from mmvl.errors import UserError
@@ -24,7 +25,6 @@ from mmvl.utils.rng import seed_everything
 log = logging.getLogger(__name__)
 
 #: ``distributed.backend`` values (validation lists them from here)
-BACKENDS = ("auto", "nccl", "gloo")
 NCCL_KNOBS = {"nsocks_perthread": "NCCL_NSOCKS_PERTHREAD", "socket_nthreads": "NCCL_SOCKET_NTHREADS"}
 DEFAULT_TIMEOUT_MINUTES = 30.0
 

@@ -77,7 +77,7 @@ class Engine:
             raise UserError(f"training.gradient_accumulation={k} must be >= 1.")
         self.gradient_accumulation = int(k)
         self.strategy = strategy if isinstance(strategy, Strategy) else _build_strategy(
-            config, self.env, strategy)
+            config, self.env, strategy, self._dtype)
         self.scaler = self.strategy.make_grad_scaler(self.precision == "fp16")
         self.prefetch = bool(training.get("prefetch", True) if prefetch is None else prefetch)
         self.compile = bool(training.get("compile", False))
@@ -310,11 +310,11 @@ def _init_process(config: Any) -> DistEnv:
     return env
 
 
-def _build_strategy(config: DictConfig, env: DistEnv, name: str | None) -> Strategy:
+def _build_strategy(config: DictConfig, env: DistEnv, name: str | None, dtype: torch.dtype | None) -> Strategy:
     try:
         from mmvl.distributed.strategies import build_strategy
     except ImportError:  # the strategies package is optional at import time
-        return Strategy(config, env)
+        return Strategy(config, env, dtype)
     if name is not None:
         config = OmegaConf.merge(config, {"distributed": {"strategy": name}})
-    return build_strategy(config, env)
+    return build_strategy(config, env, dtype)

@@ -2,8 +2,8 @@
 
 ``checkpoint.resume`` (auto | true | false) and ``checkpoint.resume_file`` pick a checkpoint
 (:meth:`mmvl.checkpoint.CheckpointManager.choose_resume`). A training run resumes it only
-under the config it was saved with: keys in :data:`RESUME_SAFE_KEYS` (how long, how often,
-where, how fast, how it is logged) may differ; any other difference stops the run with one
+under the config it was saved with: keys the typed config declares safe (``knob(..., safe=True)``
+in :mod:`mmvl.config.schema`: how long, how often, where, how fast, how it is logged) may differ; any other difference stops the run with one
 line listing the keys, unless ``checkpoint.reset.{optimizer,scheduler,counts}`` says to take
 the weights on under the new settings. ``checkpoint.resume=false`` starts over and moves the
 old checkpoints aside. ``checkpoint.resume_pretrained`` copies only model weights (through
@@ -22,39 +22,14 @@ from omegaconf import OmegaConf
 from mmvl import io
 from mmvl.checkpoint import apply_state_mapping, canonical_key, load_checkpoint, load_model_state, schema
 from mmvl.checkpoint import sharded as sharded_dir
+from mmvl.config.schema import resume_safe, stages
 from mmvl.distributed.comm import all_ranks_agreed, on_main_agreed
 from mmvl.errors import UserError
 from mmvl.optim import adopt_config_hyperparameters
 
 log = logging.getLogger("mmvl")
 
-#: Config keys whose change cannot alter what a run computed so far: resuming under a config
-#: that differs only here continues silently. A dotted key, or ``prefix.*`` for a whole section.
-RESUME_SAFE_KEYS = (
-    # how long, and how often it logs, evaluates and saves
-    "training.max_updates", "training.max_epochs", "training.log_interval",
-    "training.evaluation_interval", "training.checkpoint_interval",
-    # how fast data is loaded
-    "training.num_workers", "training.pin_memory", "training.persistent_workers", "training.prefetch",
-    # how fast the step runs (compiled kernels compute the same model) and how it is measured
-    "training.compile", "training.compile_backend", "training.profiler.*", "training.peak_tflops",
-    "training.preemption_check_interval",
-    # logging and hooks that observe or stop the loop
-    "training.progress_bar", "training.callbacks", "training.early_stop.*",
-    "training.tensorboard", "training.curves",
-    "training.exit_on_nan",
-    # where it runs: device, processes, launcher, how the work is spread
-    "training.device", "distributed.*",
-    # what is done after (evaluation, predictions) and how checkpoints are kept and resumed
-    "run_type", "evaluation.*", "checkpoint.*",
-    # paths
-    "env.*",
-)
 RESETS = ("optimizer", "scheduler", "counts")
-
-
-def is_safe_key(key: str) -> bool:
-    return any(key == p or (p.endswith(".*") and key.startswith(p[:-1])) for p in RESUME_SAFE_KEYS)
 
 
 def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
@@ -68,7 +43,7 @@ def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
 
 def config_changes(old: Mapping[str, Any], new: Mapping[str, Any],
                    defaults: Mapping[str, Any] | None = None) -> list[tuple[str, Any, Any]]:
-    """``(key, old, new)`` for every key outside :data:`RESUME_SAFE_KEYS` whose value differs.
+    """``(key, old, new)`` for every key the schema does not declare resume-safe whose value differs.
 
     A key the old config lacks (saved by an mmvl without it) counts as changed only when its
     new value differs from ``defaults`` (the shipped default); a key only the old one has is
@@ -78,7 +53,7 @@ def config_changes(old: Mapping[str, Any], new: Mapping[str, Any],
     shipped = _flatten(defaults or {})
     changes = []
     for key in sorted(after):
-        if is_safe_key(key):
+        if resume_safe(key):
             continue
         if key in before:
             if before[key] != after[key]:
@@ -150,7 +125,7 @@ def resume(trainer: Any) -> str | None:
     before any collective load.
     """
     ck, engine = trainer.config.checkpoint, trainer.engine
-    training = "train" in str(trainer.config.run_type)
+    training = "train" in stages(trainer.config)
     pretrained = bool(ck.get("resume_pretrained"))
     resets = [name for name in RESETS if (ck.get("reset") or {}).get(name)]
 

@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from mmvl import registry
 from mmvl.config import save_config
+from mmvl.config.schema import stages
 from mmvl.utils.logger import setup_logging
 from mmvl.checkpoint import CheckpointManager, State, schema
 from mmvl.build import build_callbacks, build_datasets, build_model, model_config
@@ -89,7 +90,7 @@ class Trainer:
                                             + list(config.evaluation.get("metrics") or []))
                         for name, b in self.builders.items()}
         seed_everything(int(t.seed), self.env.rank)  # per-rank randomness from here on
-        self.train_data = self._train_stream() if "train" in config.run_type else None
+        self.train_data = self._train_stream() if "train" in stages(config) else None
         self.update = 0
         self.max_updates = self._max_updates()
         scheduler = build_scheduler(self.optimizer.optimizer, config, max_updates=self.max_updates)
@@ -123,8 +124,8 @@ class Trainer:
         if not self.engine.is_main_process:
             for builder in self.builders.values():
                 builder.prepare()
-        run_type = str(self.config.run_type)  # parse/map the splits used first (rank 0 caches them)
-        for split in ["train"] if "train" in run_type else [s for s in ("val", "test") if s in run_type]:
+        run = stages(self.config)  # parse/map the splits used first (rank 0 caches them)
+        for split in ["train"] if "train" in run else [s for s in ("val", "test") if s in run]:
             prepare_split(self.builders, split)
 
     def _train_stream(self) -> Any:
@@ -281,9 +282,9 @@ def _check_writable(save_dir: str) -> None:
 
 
 def run(config: DictConfig) -> dict[str, Any]:
-    """Run ``config.run_type`` (train, val, test, train_val, train_test) and return the results."""
+    """Run the stages ``config.run_type`` names (train, val, test in that order) and return the results."""
     trainer = registry.TRAINERS.get(config.training.get("trainer", "mmvl"))(config)
-    run_type = str(config.run_type)
+    run_type = stages(config)
     results: dict[str, Any] = {}
     if "train" in run_type:
         trainer.fit()

@@ -115,14 +115,14 @@ def test_registry_fallbacks_and_extra_values(opt):
     load_config([opt])
 
 
-def test_fixed_choices_come_from_their_owners():
-    from mmvl.distributed.init import BACKENDS
-    from mmvl.optim import LR_SCALINGS
+def test_fixed_choices_come_from_the_schema():
+    from mmvl.config.schema import BACKENDS, LR_SCALINGS
     from mmvl.utils.precision import PRECISIONS
 
-    assert CHOICES["training.precision"]() == tuple(PRECISIONS)
-    assert CHOICES["distributed.backend"]() == BACKENDS
-    assert set(LR_SCALINGS) < set(CHOICES["optimizer.lr_scaling"]())
+    assert CHOICES["training.precision"] == tuple(PRECISIONS)
+    assert CHOICES["distributed.backend"] == BACKENDS
+    assert set(LR_SCALINGS) < set(CHOICES["optimizer.lr_scaling"])
+    assert REGISTERED["multitasking.type"] == ("multitasking", ())  # a registry, no private list
 
 
 def test_list_shows_the_user_entries(user_dir, capsys, monkeypatch):

@@ -6,7 +6,8 @@ import torch
 from omegaconf import OmegaConf
 
 from mmvl.data.loaders import TrainStream
-from mmvl.data.multi import STRATEGIES, MultiStream
+from mmvl.data.multi import MultiStream
+from mmvl.registry import MULTITASKING
 from mmvl.data.sample import collate
 from mmvl.errors import UserError
 
@@ -114,7 +115,7 @@ def test_unknown_strategy_and_param_suggest_the_right_name():
         MultiStream(fakes(a=1, b=1), {"type": "size_proportinal"}, seed=0)
     with pytest.raises(UserError, match="Did you mean 'temperature'"):
         MultiStream(fakes(a=1, b=1), {"type": "temperature", "params": {"temprature": 2}}, seed=0)
-    assert set(STRATEGIES) == {"size_proportional", "round_robin", "ratios", "temperature"}
+    assert set(MULTITASKING.names()) == {"size_proportional", "round_robin", "ratios", "temperature"}
 
 
 def test_every_rank_draws_the_same_dataset_sequence():

@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 from mmvl.distributed.env import DistEnv
 from mmvl.distributed.init import seed_for_init
 from mmvl.distributed.strategies import build_strategy
+from mmvl.utils.precision import compute_dtype
 
 # FSDP2 warns that the head's output is a view; nothing here modifies outputs in place
 warnings.filterwarnings("ignore", message=".*returned a view tensor.*")
@@ -81,7 +82,8 @@ def build(model_name: str, strategy: str, env: DistEnv | None = None,
     no_decay = [p for n, p in model.named_parameters() if not n.endswith("weight")]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01},
                                    {"params": no_decay, "weight_decay": 0.0}], lr=LR, eps=EPS)
-    strat = build_strategy(make_config(strategy, distributed, **training), env)
+    dtype = compute_dtype(training.get("precision", "fp32"))  # what the Engine hands its strategy
+    strat = build_strategy(make_config(strategy, distributed, **training), env, dtype)
     model, optimizer = strat.wrap(model, optimizer)
     return strat, model, optimizer
 

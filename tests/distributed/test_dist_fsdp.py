@@ -10,7 +10,7 @@ from dist_checks import HALF, STEPS
 from dist_contract import StrategyContract, assert_params_close
 from dist_models import build, full_params, make_config, train
 from mmvl.distributed.env import DistEnv
-from mmvl.distributed.strategies.fsdp import FSDPStrategy, precision_dtype
+from mmvl.distributed.strategies.fsdp import FSDPStrategy
 from mmvl.errors import UserError
 
 
@@ -45,14 +45,30 @@ class TestFSDP(StrategyContract):
         assert r["bf16_moved"] > 0
 
 
-@pytest.mark.parametrize("name,dtype", [("fp32", None), ("bf16", torch.bfloat16), ("fp16", torch.float16)])
-def test_precision_policy(name, dtype):
-    assert precision_dtype(make_config("fsdp", precision=name)) is dtype
+def _engine_param_dtypes(env, precision):
+    """The dtype a sharded Linear's weight has inside forward, and the policy's, under
+    ``Engine(precision=..., strategy="fsdp")`` (the strategy gets the Engine's dtype)."""
+    from mmvl.engine import Engine
+
+    engine = Engine(env=env, precision=precision, strategy="fsdp")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    seen = []
+    model[0].register_forward_pre_hook(lambda module, args: seen.append(str(module.weight.dtype)))
+    model, _ = engine.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    with engine.autocast():
+        out = model(torch.randn(3, 4))
+    policy = model._get_fsdp_state()._mp_policy
+    return {"in_forward": seen, "policy": str(policy.param_dtype), "out": str(out.dtype)}
 
 
-def test_unknown_precision_is_a_user_error():
-    with pytest.raises(UserError, match="training.precision='fp8'"):
-        precision_dtype(make_config("fsdp", precision="fp8"))
+@pytest.mark.parametrize("precision,dtype", [("bf16", "torch.bfloat16"), ("fp32", "None")])
+def test_engine_precision_reaches_the_fsdp_policy(precision, dtype):
+    from tests.distributed.dist_launch import launch
+
+    for rank in launch(_engine_param_dtypes, world_size=2, args=(precision,)):
+        assert rank["policy"] == dtype
+        assert rank["in_forward"] == ["torch.float32" if dtype == "None" else dtype]
 
 
 def test_sharded_checkpoint_flag():

@@ -12,7 +12,8 @@ from mmvl.io import safe_load
 from mmvl.config import load_config
 from mmvl.errors import UserError
 from mmvl.trainers import Trainer
-from mmvl.trainers.resume import RESUME_SAFE_KEYS, config_changes, is_safe_key
+from mmvl.config.schema import resume_safe
+from mmvl.trainers.resume import config_changes
 from mmvl_cli.run import main
 from tests.fixtures.toy import register, toy_opts
 
@@ -174,9 +175,8 @@ def test_config_changes_and_safe_keys():
     defaults = {"training": {"new_knob": 0}}
     assert config_changes(old, new, defaults) == [("optimizer.params.betas", "(unset)", [0.9, 0.98]),
                                                   ("training.seed", 1, 2)]
-    assert is_safe_key("env.save_dir") and is_safe_key("distributed.world_size")
-    assert not is_safe_key("training.seed") and not is_safe_key("environment")
-    assert all(isinstance(k, str) for k in RESUME_SAFE_KEYS)
+    assert resume_safe("env.save_dir") and resume_safe("distributed.world_size")
+    assert not resume_safe("training.seed") and not resume_safe("environment")
 
 
 def test_pretrained_from_a_bare_state_dict(tmp_path, pretrained):

@@ -43,8 +43,8 @@ def resolve_strategy_name(config: Any, env: DistEnv) -> str:
     return "single"
 
 
-def build_strategy(config: Any, env: DistEnv) -> Strategy:
-    """The strategy the run uses. One that needs a process group, named in a run of one process
+def build_strategy(config: Any, env: DistEnv, compute_dtype: torch.dtype | None = None) -> Strategy:
+    """The strategy the run uses, computing in ``compute_dtype`` (the Engine's; None: fp32). One that needs a process group, named in a run of one process
     without one, is a UserError: training unwrapped instead is not what the user asked for."""
     name = resolve_strategy_name(config, env)
     cls = STRATEGIES.get(name)
@@ -53,4 +53,4 @@ def build_strategy(config: Any, env: DistEnv) -> Strategy:
             f"distributed.strategy={name} needs several processes but this run is one process; set "
             "distributed.world_size=<N> (mmvl_run then starts N processes) or start it with torchrun/srun, "
             "or use distributed.strategy=single (checkpoints are interchangeable).")
-    return cls(config, env)
+    return cls(config, env, compute_dtype)

@@ -28,9 +28,12 @@ class Strategy:
     #: splits the optimizer state over ranks (what ``optimizer.enable_state_sharding`` asks for)
     shards_optimizer_state = False
 
-    def __init__(self, config: DictConfig, env: DistEnv):
+    def __init__(self, config: DictConfig, env: DistEnv, compute_dtype: torch.dtype | None = None):
+        """``compute_dtype``: the Engine's autocast dtype (None: fp32), for strategies whose
+        parameters follow it (FSDP's mixed-precision policy); never read from the config."""
         self.config = config
         self.env = env
+        self.compute_dtype = compute_dtype
 
     # -- set-up -----------------------------------------------------------
     def wrap(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None

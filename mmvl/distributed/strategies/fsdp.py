@@ -17,12 +17,6 @@ from mmvl.distributed.init import config_value
 from mmvl.distributed.strategies.base import Strategy
 from mmvl.errors import UserError
 from mmvl.registry import register_strategy
-from mmvl.utils.precision import compute_dtype
-
-def precision_dtype(config: Any) -> torch.dtype | None:
-    """Low-precision compute dtype named by ``training.precision`` (``None`` for fp32)."""
-    return compute_dtype(config_value(config, "training.precision", "fp32"))
-
 
 def _state_options(full: bool):
     from torch.distributed.checkpoint.state_dict import StateDictOptions
@@ -74,7 +68,7 @@ class FSDPStrategy(Strategy):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        dtype = precision_dtype(self.config)
+        dtype = self.compute_dtype  # the Engine's autocast dtype: parameters are gathered in it
         policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None)
         mesh = init_device_mesh(self.env.device.type, (self.env.world_size,))
         units = list(model.shard_units()) if hasattr(model, "shard_units") else []

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from mmvl.config.schema import stages
 from mmvl.registry import register_callback
 from mmvl.trainers.callbacks.base import Callback
 
@@ -13,7 +14,7 @@ class EvaluationCallback(Callback):
         super().__init__(trainer)
         config = trainer.config
         self.interval = int(config.training.evaluation_interval or 0)
-        self.enabled = "val" in str(config.run_type) or bool(config.training.early_stop.enabled)
+        self.enabled = "val" in stages(config) or bool(config.training.early_stop.enabled)
 
     def on_update_end(self, info: dict[str, Any]) -> None:
         t = self.trainer

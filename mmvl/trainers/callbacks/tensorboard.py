@@ -28,7 +28,6 @@ from mmvl.trainers.callbacks.base import Callback
 
 log = logging.getLogger("mmvl")
 #: the values of training.tensorboard
-TENSORBOARD = (True, False, "auto")
 
 
 def tensorboard_enabled(config: DictConfig) -> bool:
