@@ -7,7 +7,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from mmvl import registry
 from mmvl.config.access import config_value, plain_dict
-from mmvl.config.components import build_component
+from mmvl.config.components import build_component, component_spec
 from mmvl.data.base import DatasetBuilder
 from mmvl.errors import UserError
 
@@ -67,11 +67,32 @@ def build_model(config: DictConfig, builders: dict[str, DatasetBuilder],
     return model
 
 
-def build_callbacks(config: DictConfig, trainer: Any) -> list[Any]:
-    """The built-in callbacks, then the user's ``training.callbacks`` in order."""
-    from mmvl.trainers.callbacks import default_callbacks
+def build_callbacks(config: DictConfig, trainer: Any) -> list[tuple[str, Any]]:
+    """``(state key, callback)`` for the built-ins of ``training.builtin_callbacks``, then the user's
+    ``training.callbacks``, in that order, each from the callback registry.
 
-    callbacks = default_callbacks(trainer)
+    A user entry naming a built-in configures it in its place instead of adding a second one; a
+    name used twice keys its later instances' state ``name[1]``, ``name[2]``, ...
+    """
+    builtin = [str(n) for n in config_value(config, "training.builtin_callbacks") or []]
+    entries: list[tuple[str, Any, str]] = [(name, name, f"training.builtin_callbacks[{i}]")
+                                           for i, name in enumerate(builtin)]
     for i, entry in enumerate(config_value(config, "training.callbacks") or []):
-        callbacks.append(build_component(registry.CALLBACKS, entry, trainer, where=f"training.callbacks[{i}]"))
-    return callbacks
+        where = f"training.callbacks[{i}]"
+        name, _ = component_spec(entry, where)
+        slot = builtin.index(name) if name in builtin and entries[builtin.index(name)][1] == name else None
+        if slot is None:
+            entries.append((name, entry, where))
+        else:
+            entries[slot] = (name, entry, where)
+    built: list[tuple[str, Any]] = []
+    seen: dict[str, int] = {}
+    for name, entry, where in entries:
+        cls = registry.CALLBACKS.get(name)
+        if isinstance(cls, type) and hasattr(cls, "wanted") and not cls.wanted(config):
+            continue
+        count = seen.get(name, 0)
+        seen[name] = count + 1
+        key = name if count == 0 else f"{name}[{count}]"
+        built.append((key, build_component(registry.CALLBACKS, entry, trainer, where=where)))
+    return built

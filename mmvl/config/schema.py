@@ -86,6 +86,8 @@ class Training:
     clip_grad_norm: Optional[float] = knob(None)
     gradient_checkpointing: bool = knob(False)
     early_stop: EarlyStop = sub(EarlyStop, safe=True)
+    builtin_callbacks: list = knob(["profiler", "logging", "tensorboard", "curves", "evaluation", "early_stop",
+                                    "checkpoint", "preemption"], safe=True)
     callbacks: list = knob([], safe=True)
     exit_on_nan: bool = knob(True, safe=True)
     progress_bar: bool = knob(True, safe=True)

@@ -108,7 +108,9 @@ class Trainer:
         self.last_saved = -1
         self.checkpoints = CheckpointManager(str(config.env.save_dir),
                                              int(config.checkpoint.max_to_keep))
-        self.callbacks = build_callbacks(config, self)
+        keyed = build_callbacks(config, self)  # training.builtin_callbacks, then training.callbacks
+        self.callback_keys = [key for key, _ in keyed]  # their state's names in checkpoints
+        self.callbacks = [callback for _, callback in keyed]
         self._register_checkpointables(checkpointables or {})
         self.resumed_from = resume(self)  # the checkpoint (file or sharded directory) or None
         if self.env.is_main_process:  # only once everything was built: a failed start changes nothing
@@ -242,15 +244,21 @@ class Trainer:
         if self.train_data is not None:
             register(schema.DATA, self.train_data)
         register(schema.CALLBACKS, State(
-            lambda: {type(c).__name__: c.state_dict() for c in self.callbacks}, self._load_callbacks))
+            lambda: {k: c.state_dict() for k, c in zip(self.callback_keys, self.callbacks)}, self._load_callbacks))
         # saved so that a resume can compare (trainers/resume.py); nothing to load back
         register(schema.CONFIG, State(lambda: OmegaConf.to_container(self.config, resolve=True), lambda _: None))
         for name, obj in extra.items():
             register(name, obj)
 
     def _load_callbacks(self, states: dict[str, Any]) -> None:
-        for c in self.callbacks:
-            if type(c).__name__ in states:
+        """Each callback's state by its key; a checkpoint of mmvl before registered names keyed them
+        by class name (one state per class): read that once, and save it under the key from then on."""
+        legacy = set()
+        for key, c in zip(self.callback_keys, self.callbacks):
+            if key in states:
+                c.load_state_dict(states[key])
+            elif type(c).__name__ in states and type(c).__name__ not in legacy:
+                legacy.add(type(c).__name__)
                 c.load_state_dict(states[type(c).__name__])
 
     def state_dict(self, sharded: bool = False) -> dict[str, Any]:

@@ -6,7 +6,10 @@ Hooks (all optional): ``on_train_start``, ``on_update_start``,
 ``metrics.jsonl`` (a train event every ``log_interval`` with losses, lr, throughput,
 MFU and memory; one event per evaluated dataset): the place for other sinks
 (TensorBoard, a progress display). ``state_dict``/``load_state_dict`` put a
-callback's state in the checkpoint under its class name. Every rank calls every
+callback's state in the checkpoint under its registered name (``name[1]``, ``name[2]``
+for the second and third of one name). The built-in callbacks are the registered names
+listed in ``training.builtin_callbacks`` (configs/defaults.yaml), in the order the loop calls
+them; ``wanted(config)`` lets one stay out of a run (TensorBoard without the package). Every rank calls every
 hook with the same values; a callback that writes files checks
 ``trainer.engine.is_main_process``. Callbacks talk to each other only through the
 Trainer's declared state and methods (``should_stop``, ``is_best``,
@@ -20,6 +23,11 @@ from typing import Any
 class Callback:
     def __init__(self, trainer: Any, **params: Any):
         self.trainer = trainer
+
+    @classmethod
+    def wanted(cls, config: Any) -> bool:
+        """Whether a run with ``config`` uses this callback at all (default: always)."""
+        return True
 
     def on_train_start(self) -> None: ...
 

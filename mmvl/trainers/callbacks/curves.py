@@ -10,6 +10,7 @@ import logging
 import os
 from typing import Any
 
+from mmvl.config.access import config_value
 from mmvl.registry import register_callback
 from mmvl.trainers.callbacks.base import Callback
 
@@ -18,6 +19,10 @@ log = logging.getLogger("mmvl")
 
 @register_callback("curves")
 class CurvesCallback(Callback):
+    @classmethod
+    def wanted(cls, config: Any) -> bool:
+        return bool(config_value(config, "training.curves", True))
+
     def __init__(self, trainer: Any, **params: Any):
         super().__init__(trainer)
         self.main = trainer.engine.is_main_process

@@ -46,6 +46,10 @@ def tensorboard_enabled(config: DictConfig) -> bool:
 
 @register_callback("tensorboard")
 class TensorBoardCallback(Callback):
+    @classmethod
+    def wanted(cls, config: Any) -> bool:
+        return tensorboard_enabled(config)
+
     def __init__(self, trainer: Any, **params: Any):
         super().__init__(trainer)
         self.main = trainer.engine.is_main_process
