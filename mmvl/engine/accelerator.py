@@ -284,7 +284,7 @@ class AcceleratorMembers:
         if problem is not None:
             raise UserError(f"load_state({str(source)!r}): not a complete save_state folder ({problem}); "
                             "pass a folder save_state wrote.")
-        self.load_state_dict(io.safe_load(source / schema.ENGINE_STATE))
+        self.load_state_dict(io.safe_load(source / schema.ENGINE_STATE, expect_keys=(schema.FORMAT,)))
 
     def _state_dir(self, directory: str | os.PathLike[str] | None, new: bool) -> str | os.PathLike[str]:
         """``directory``, or with ``project_dir`` the next (saving) / latest (loading) checkpoint of it."""
