@@ -15,7 +15,7 @@ from accelerate.utils import set_seed
 def make_data(n, seed):
     g = torch.Generator().manual_seed(seed)
     input_ids = torch.randint(5, 60, (n, 12), generator=g)
-    labels = (input_ids[:, :6].float().mean(1) > input_ids[:, 6:].float().mean(1)).long()
+    labels = (input_ids[:, 0] >= 32).long()
     return TensorDataset(torch.arange(n), input_ids, torch.ones_like(input_ids), labels)
 
 
@@ -59,11 +59,11 @@ def training_function(args):
         accuracy = correct / total
         accelerator.print(f"epoch {epoch}: accuracy {accuracy:.3f} on {total}")
     if accelerator.is_main_process:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "result.json"), "w") as f:
+        os.makedirs(args.output_dir, exist_ok=True)
+        with open(os.path.join(args.output_dir, "result.json"), "w") as f:
             json.dump({"orders": orders, "accuracy": accuracy, "eval_total": total,
                        "distributed": str(accelerator.distributed_type != DistributedType.NO)}, f)
-    accelerator.save(accelerator.unwrap_model(model).state_dict(), os.path.join(args.out, "model.pt"))
+    accelerator.save(accelerator.unwrap_model(model).state_dict(), os.path.join(args.output_dir, "model.pt"))
     accelerator.end_training()
 
 
@@ -73,7 +73,7 @@ def main():
     parser.add_argument("--batch_size", type=int, default=16)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--output_dir", required=True)
     training_function(parser.parse_args())
 
 
