@@ -180,6 +180,8 @@ class AcceleratorMembers:
             num_samples = self.active_loader.real_in_batch
         if use_gather_object and not isinstance(data, (list, tuple, dict)):
             data = [data]
+        if isinstance(data, (list, tuple)) and data and all(isinstance(d, torch.Tensor) for d in data):
+            return type(data)(comm.gather_for_metrics(d, num_samples) for d in data)  # (predictions, labels)
         return comm.gather_for_metrics(data, num_samples)
 
     # -- triggers, gradients ---------------------------------------------------------
