@@ -50,6 +50,13 @@ WORLD_SIZE = "world_size"
 #: 2: this layout with its ``format`` key; 1: the same keys without it (mmvl before issue 18)
 FORMAT_VERSION = 2
 
+#: ``Engine.prepare``'s loaders (``dataloader_<i>``, their positions) and ``register_for_checkpointing``'s
+#: objects (``custom_<i>``), in the order they were prepared / registered
+LOADER = "dataloader"
+CUSTOM = "custom"
+#: the file inside a ``save_state`` folder
+ENGINE_STATE = "engine_state.ckpt"
+
 CHECKPOINTS_DIR = "checkpoints"
 LAST = "last.ckpt"
 BEST = "best.ckpt"
@@ -61,6 +68,14 @@ SHARDED = re.compile(r"^sharded_(\d+)$")
 
 def periodic_name(update: int) -> str:
     return f"model_{int(update)}.ckpt"
+
+
+def loader_name(index: int) -> str:
+    return f"{LOADER}_{int(index)}"
+
+
+def custom_name(index: int) -> str:
+    return f"{CUSTOM}_{int(index)}"
 
 
 def sharded_name(update: int) -> str:

@@ -23,6 +23,16 @@ from mmvl.errors import UserError
 
 
 
+def epoch_seed(seed: int, epoch: int) -> int:
+    """The seed of ``epoch``'s sample order: one value per (seed, epoch), the same on every rank."""
+    return (int(seed) * 1000003 + int(epoch)) % 2**63
+
+
+def worker_seed(seed: int, epoch: int, rank: int) -> int:
+    """The seed of the generator that seeds ``rank``'s DataLoader workers in ``epoch``."""
+    return (epoch_seed(seed, epoch) * 101 + int(rank)) % 2**63
+
+
 def freeze_inherited(worker_id: int) -> None:
     """DataLoader ``worker_init_fn``: move every object inherited from the main process out of the
     worker's garbage collector (``gc.freeze``).
@@ -147,7 +157,7 @@ class TrainStream:
         """Re-arm the one loader: this epoch's order from the current position (the sampler is read
         when the loader is iterated, in this process, also with persistent workers)."""
         self.sampler.set_epoch(self.epoch, start=self.batch * self.batch_size)
-        self._generator.manual_seed((self.seed * 1000003 + self.epoch) * 101 + self.rank)
+        self._generator.manual_seed(worker_seed(self.seed, self.epoch, self.rank))
         self._iter = iter(self.loader)
 
     def __next__(self) -> Any:

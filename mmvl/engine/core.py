@@ -39,27 +39,42 @@ from typing import Any, Iterator
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from mmvl import io
-from mmvl.checkpoint import CheckpointManager, Checkpointables, load_checkpoint, schema
+from mmvl.checkpoint import CheckpointManager, Checkpointables, schema
 from mmvl.data.sample import to_device
 from mmvl.distributed import comm
 from mmvl.distributed.env import DistEnv
 from mmvl.distributed.strategies.base import Strategy
 from mmvl.engine import state as engine_state
-from mmvl.engine.prepared import DeviceLoader, PreparedOptimizer, PreparedScheduler, inner, rebind_scheduler
+from mmvl.engine.accelerate import accelerate_keywords, autocast_forward
+from mmvl.engine.accelerator import AcceleratorMembers
+from mmvl.engine.loaders import PreparedLoader
+from mmvl.engine.prepared import PreparedOptimizer, PreparedScheduler, inner, rebind_scheduler
 from mmvl.errors import UserError
 from mmvl.utils.precision import compute_dtype
 
 
-class Engine:
-    """Owns device, precision, gradient accumulation and the parallel strategy."""
+class Engine(AcceleratorMembers):
+    """Owns device, precision, gradient accumulation and the parallel strategy.
+
+    It is also Accelerate's ``Accelerator`` (:mod:`mmvl.engine.accelerator` holds the members
+    Accelerate scripts use; ``mixed_precision``/``gradient_accumulation_steps``/``cpu`` are
+    ``precision``/``gradient_accumulation``/``device`` under Accelerate's names).
+    """
 
     def __init__(self, config: DictConfig | None = None, *, env: DistEnv | None = None,
                  precision: str | None = None, gradient_accumulation: int | None = None,
                  strategy: str | Strategy | None = None, device: str | torch.device | None = None,
-                 prefetch: bool | None = None):
+                 prefetch: bool | None = None, mixed_precision: str | None = None, cpu: bool = False,
+                 gradient_accumulation_steps: int | None = None, project_dir: str | os.PathLike[str] | None = None,
+                 log_with: Any = None):
         """``device``: ``auto`` (CUDA when present), ``cpu``, ``cuda`` or ``cuda:N`` (one process),
-        as ``training.device``; ``prefetch``: as ``training.prefetch`` (default true)."""
+        as ``training.device``; ``prefetch``: as ``training.prefetch`` (default true);
+        ``project_dir``: where ``save_state()`` without a folder writes ``checkpoints/checkpoint_<n>``."""
+        precision, gradient_accumulation, device = accelerate_keywords(
+            precision=precision, gradient_accumulation=gradient_accumulation, mixed_precision=mixed_precision,
+            gradient_accumulation_steps=gradient_accumulation_steps, cpu=cpu, device=device, log_with=log_with)
+        self.project_dir = None if project_dir is None else str(project_dir)
+        self._loader_names: list[str] = []
         config = config if config is not None else OmegaConf.create({})
         if device is not None:
             if env is not None:
@@ -131,6 +146,8 @@ class Engine:
         wrapped_model, new_opt = None, None
         if model is not None:
             model = model.to(self.device)
+            if self._dtype is not None:
+                autocast_forward(self, model)
             if self.compile:
                 compile_model(model, self.compile_backend, per_unit=self.strategy.name != "single")
             wrapped_model, new_opt = self.strategy.wrap(model, optimizer)
@@ -157,29 +174,29 @@ class Engine:
                 self.checkpointables.register(schema.SCHEDULER, prepared)
                 out.append(prepared)
             elif isinstance(o, torch.utils.data.DataLoader):
-                out.append(DeviceLoader(self._shard_loader(o), self.device, self.prefetch))
+                out.append(self._prepare_loader(o))
             else:
                 out.append(o)
         return out[0] if len(out) == 1 else tuple(out)
 
-    def _shard_loader(self, loader: torch.utils.data.DataLoader) -> torch.utils.data.DataLoader:
-        """Give each rank its own part of the data (a DistributedSampler), keeping batch size."""
-        if self.world_size == 1 or isinstance(loader.sampler, torch.utils.data.DistributedSampler):
-            return loader
-        shuffle = isinstance(loader.sampler, torch.utils.data.RandomSampler)
-        sampler = torch.utils.data.DistributedSampler(
-            loader.dataset, num_replicas=self.world_size, rank=self.rank, shuffle=shuffle)
-        return torch.utils.data.DataLoader(
-            loader.dataset, batch_size=loader.batch_size, sampler=sampler,
-            num_workers=loader.num_workers, collate_fn=loader.collate_fn,
-            pin_memory=loader.pin_memory, drop_last=loader.drop_last)
+    def _prepare_loader(self, loader: torch.utils.data.DataLoader) -> PreparedLoader:
+        """This rank's shard of ``loader``, its position saved with the state (see :mod:`mmvl.engine.loaders`).
+        The run's seed is rank 0's torch seed (``set_seed``'s), so every rank draws the same orders."""
+        prepared = PreparedLoader(self, loader, comm.broadcast_object(torch.initial_seed()))
+        name = schema.loader_name(len(self._loader_names))
+        self._loader_names.append(name)
+        self.checkpointables.register(name, prepared)
+        return prepared
 
     # -- per step ---------------------------------------------------------
     @contextlib.contextmanager
     def accumulate(self, model: torch.nn.Module) -> Iterator[None]:
         """One micro-step; gradients are communicated only on the last of each group."""
         self._micro_step += 1
-        self.sync_gradients = self._micro_step % self.gradient_accumulation == 0
+        loader = self.active_loader
+        self.sync_gradients = self._micro_step % self.gradient_accumulation == 0 or bool(loader and loader.end_of_epoch)
+        if loader is not None and loader.end_of_epoch:  # as Accelerate: the epoch's last batch always syncs
+            self._micro_step = 0
         ctx = contextlib.nullcontext() if self.sync_gradients else self.strategy.no_sync(model)
         with ctx:
             yield
@@ -198,15 +215,26 @@ class Engine:
             loss = self.scaler.scale(loss)
         loss.backward()
 
-    def clip_grad_norm_(self, model: torch.nn.Module, max_norm: float,
+    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2.0,
                         optimizer: PreparedOptimizer | None = None) -> torch.Tensor | None:
-        """Unscale (fp16) and clip at the boundary; returns the global norm (None off-boundary)."""
+        """Unscale (fp16) and clip at the boundary; returns the global norm (None off-boundary).
+
+        ``parameters``: the prepared model or its parameters (Accelerate's form)."""
         if not self.sync_gradients:
             return None
         opt = inner(optimizer or self.prepared_optimizer)
         if self.scaler is not None and not self.grads_unscaled:
             self.scaler.unscale_(opt)
             self.grads_unscaled = True
+        if isinstance(parameters, torch.nn.Module):
+            return self.strategy.clip_grad_norm_(parameters, opt, float(max_norm))
+        params = list(parameters)
+        if self.strategy.name in ("single", "dp", "ddp"):  # full gradients on every rank
+            return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type)
+        model = self.prepared_model
+        if model is None or {id(p) for p in params} != {id(p) for p in model.parameters()}:
+            raise UserError(f"clip_grad_norm_(parameters, ...) under distributed.strategy={self.strategy.name} "
+                            "clips the whole prepared model only; pass model.parameters() or the model.")
         return self.strategy.clip_grad_norm_(model, opt, float(max_norm))
 
     def to_device(self, batch: Any) -> Any:
@@ -219,9 +247,6 @@ class Engine:
         """Every rank's ``tensor`` concatenated along dim 0 (scalars are stacked)."""
         parts = comm.all_gather(tensor.reshape(1) if tensor.dim() == 0 else tensor)
         return torch.cat(parts)
-
-    def gather_for_metrics(self, data: Any, num_samples: int) -> Any:
-        return comm.gather_for_metrics(data, num_samples)
 
     def wait_for_everyone(self) -> None:
         comm.synchronize()
@@ -271,17 +296,6 @@ class Engine:
         this world size)."""
         engine_state.load_sharded(directory, self.strategy, self.prepared_model,
                                   inner(self.prepared_optimizer) if optimizer else None)
-
-    def save_state(self, path: str | os.PathLike[str]) -> None:
-        """Save every checkpointable (what ``prepare`` saw, the RNG, and what was registered) to one file."""
-        state = self.state_dict()
-        if self.is_main_process:
-            io.atomic_save(state, path)
-        self.wait_for_everyone()
-
-    def load_state(self, path: str | os.PathLike[str]) -> None:
-        """Load what :meth:`save_state` wrote."""
-        self.load_state_dict(load_checkpoint(path))
 
 
 def compile_model(model: torch.nn.Module, backend: str = "inductor", per_unit: bool = False) -> None:

@@ -1,0 +1,331 @@
+"""``Accelerator`` members the Engine inherits: process queries, printing, collectives, triggers,
+checkpoint folders. Each is written on the Engine's own pieces (its env, strategy, checkpointables
+and prepared loaders), under Accelerate's name and meaning.
+"""
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import torch
+
+from mmvl import io
+from mmvl.checkpoint import schema
+from mmvl.distributed import comm
+from mmvl.engine.accelerate import MIXED_PRECISION, TRACKERS_LATER, DistributedType
+from mmvl.engine.loaders import PreparedLoader, SkippedLoader
+from mmvl.engine.prepared import inner
+from mmvl.errors import UserError
+
+_NAMES = {v: k for k, v in MIXED_PRECISION.items()}
+
+
+class AcceleratorMembers:
+    """Mixed into :class:`mmvl.engine.Engine`; reads ``env``, ``strategy``, ``checkpointables``."""
+
+    env: Any
+    strategy: Any
+    precision: str
+    gradient_accumulation: int
+    #: the prepared loader that yielded the latest batch (gather_for_metrics and accumulate read it)
+    active_loader: PreparedLoader | None = None
+    project_dir: str | None = None
+
+    # -- processes ----------------------------------------------------------------
+    @property
+    def num_processes(self) -> int:
+        return self.env.world_size
+
+    @property
+    def process_index(self) -> int:
+        return self.env.rank
+
+    @property
+    def local_process_index(self) -> int:
+        return self.env.local_rank
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return self.env.local_rank == 0
+
+    @property
+    def is_last_process(self) -> bool:
+        return self.env.rank == self.env.world_size - 1
+
+    @property
+    def use_distributed(self) -> bool:
+        return self.env.world_size > 1
+
+    @property
+    def distributed_type(self) -> DistributedType:
+        name = self.strategy.name
+        if name == "fsdp":
+            return DistributedType.FSDP
+        if name == "single" or (self.env.world_size == 1 and name != "dp"):
+            return DistributedType.NO
+        return DistributedType.MULTI_GPU if self.env.device.type == "cuda" else DistributedType.MULTI_CPU
+
+    @property
+    def mixed_precision(self) -> str:
+        """``no``, ``fp16`` or ``bf16``: Accelerate's name for ``precision``."""
+        return _NAMES[self.precision]
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        return self.gradient_accumulation
+
+    @gradient_accumulation_steps.setter
+    def gradient_accumulation_steps(self, steps: int) -> None:
+        if int(steps) < 1:
+            raise UserError(f"gradient_accumulation_steps={steps} must be >= 1.")
+        self.gradient_accumulation = int(steps)
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` on the local main process only."""
+        if self.is_local_main_process:
+            print(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def main_process_first(self) -> Iterator[None]:
+        """Rank 0 runs the block first (e.g. to build a cache), the others after it."""
+        with self._first(self.env.rank == 0):
+            yield
+
+    @contextlib.contextmanager
+    def local_main_process_first(self) -> Iterator[None]:
+        with self._first(self.env.local_rank == 0):
+            yield
+
+    @contextlib.contextmanager
+    def _first(self, leader: bool) -> Iterator[None]:
+        if not leader:
+            comm.synchronize()
+        yield
+        if leader:
+            comm.synchronize()
+
+    def on_main_process(self, function: Callable) -> Callable:
+        return self.on_process(function, 0)
+
+    def on_local_main_process(self, function: Callable) -> Callable:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            return function(*args, **kwargs) if self.is_local_main_process else None
+        return run
+
+    def on_last_process(self, function: Callable) -> Callable:
+        return self.on_process(function, self.env.world_size - 1)
+
+    def on_process(self, function: Callable | None = None, process_index: int | None = None) -> Callable:
+        """Decorator: run ``function`` on rank ``process_index`` only (None elsewhere)."""
+        if function is None:
+            return lambda f: self.on_process(f, process_index)
+        if process_index is None:
+            raise UserError("on_process(function, process_index): name the rank to run on.")
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            return function(*args, **kwargs) if self.env.rank == process_index else None
+        return run
+
+    @contextlib.contextmanager
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
+        """This rank's contiguous part of ``inputs`` (a list, tuple, tensor or dict of them)."""
+        yield _split(inputs, self.env.rank, self.env.world_size, apply_padding)
+
+    def end_training(self) -> None:
+        """Every rank meets, then leaves the process group (as Accelerate does)."""
+        from mmvl.distributed.init import destroy
+
+        if comm.is_initialized():
+            comm.synchronize()
+        destroy()
+
+    # -- collectives -------------------------------------------------------------------
+    def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+        """``tensor`` (or a dict/list of them) summed or averaged over ranks, times ``scale``."""
+        if reduction not in ("sum", "mean", "none"):
+            raise UserError(f"reduce(reduction={reduction!r}) is not one of sum, mean, none.")
+        if isinstance(tensor, dict):
+            return {k: self.reduce(v, reduction, scale) for k, v in tensor.items()}
+        if isinstance(tensor, (list, tuple)):
+            return type(tensor)(self.reduce(v, reduction, scale) for v in tensor)
+        if reduction == "none":
+            return tensor * scale
+        out = comm.all_reduce(tensor.clone()) * scale
+        return out / self.env.world_size if reduction == "mean" else out
+
+    def pad_across_processes(self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
+        """``tensor`` padded along ``dim`` to the longest size over ranks (so ``gather`` can join them)."""
+        if isinstance(tensor, dict):
+            return {k: self.pad_across_processes(v, dim, pad_index, pad_first) for k, v in tensor.items()}
+        if isinstance(tensor, (list, tuple)):
+            return type(tensor)(self.pad_across_processes(v, dim, pad_index, pad_first) for v in tensor)
+        if tensor.dim() == 0:
+            return tensor
+        size = torch.tensor([tensor.shape[dim]], device=tensor.device)
+        longest = int(comm.all_reduce(size, op="max").item())
+        if longest == tensor.shape[dim]:
+            return tensor
+        shape = list(tensor.shape)
+        shape[dim] = longest - tensor.shape[dim]
+        pad = tensor.new_full(shape, pad_index)
+        return torch.cat([pad, tensor] if pad_first else [tensor, pad], dim=dim)
+
+    def gather_for_metrics(self, data: Any, num_samples: int | None = None, use_gather_object: bool = False) -> Any:
+        """Every rank's ``data`` joined in dataset order, without the samples the prepared loader
+        repeated to even out the ranks (counted from the loader that yielded the batch)."""
+        if num_samples is None and self.active_loader is not None:
+            num_samples = self.active_loader.real_in_batch
+        if use_gather_object and not isinstance(data, (list, tuple, dict)):
+            data = [data]
+        if isinstance(data, (list, tuple)) and data and all(isinstance(d, torch.Tensor) for d in data):
+            return type(data)(comm.gather_for_metrics(d, num_samples) for d in data)  # (predictions, labels)
+        return comm.gather_for_metrics(data, num_samples)
+
+    # -- triggers, gradients ---------------------------------------------------------
+    def set_trigger(self) -> None:
+        """Raise this rank's flag; :meth:`check_trigger` on every rank sees it."""
+        self._trigger = torch.ones(1, device=self.env.device)
+
+    def check_trigger(self) -> bool:
+        """Whether any rank called :meth:`set_trigger` since the last check (a collective)."""
+        flag = getattr(self, "_trigger", None)
+        flag = torch.zeros(1, device=self.env.device) if flag is None else flag
+        raised = bool(comm.all_reduce(flag).item() > 0)
+        self._trigger = None
+        return raised
+
+    def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
+        """Clip each gradient to [-clip_value, clip_value] at the boundary (unscaled first under fp16)."""
+        if not self.sync_gradients:
+            return
+        self._unscale()
+        torch.nn.utils.clip_grad_value_(parameters, clip_value)
+
+    @property
+    def optimizer_step_was_skipped(self) -> bool:
+        """Whether the fp16 scaler skipped the last update (reads the device)."""
+        opt = self.prepared_optimizer
+        return bool(opt is not None and opt.step_was_skipped)
+
+    def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
+        """Gradients of the block are not communicated (the strategy's ``no_sync``)."""
+        return self.strategy.no_sync(model)
+
+    def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> SkippedLoader:
+        """The prepared ``dataloader``'s epoch from batch ``num_batches`` on (after ``load_state``,
+        the restored epoch: skipping the restored count lands where the loader already is)."""
+        if not isinstance(dataloader, PreparedLoader):
+            raise UserError("skip_first_batches(dataloader, n) takes a loader returned by prepare(); "
+                            f"got {type(dataloader).__name__}. Pass it through prepare() first.")
+        return SkippedLoader(dataloader, num_batches)
+
+    def free_memory(self, *objects: Any) -> list[None]:
+        """Forget what ``prepare`` saw (so a retry prepares afresh) and release cached memory."""
+        self._prepared.clear()
+        for name in [schema.MODEL, schema.SCHEDULER, *self._loader_names]:
+            self.checkpointables.unregister(name)
+        self._loader_names, self.active_loader, self._micro_step = [], None, 0
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return [None for _ in objects]
+
+    # -- checkpoints -------------------------------------------------------------
+    def register_for_checkpointing(self, *objects: Any) -> None:
+        """Add objects with ``state_dict``/``load_state_dict`` to :meth:`save_state`."""
+        bad = [f"#{i} ({type(o).__name__})" for i, o in enumerate(objects)
+               if not (callable(getattr(o, "state_dict", None)) and callable(getattr(o, "load_state_dict", None)))]
+        if bad:
+            raise UserError(f"register_for_checkpointing: {', '.join(bad)} have no state_dict()/load_state_dict(); "
+                            "register objects that have both.")
+        for obj in objects:
+            index = 0
+            while schema.custom_name(index) in self.checkpointables:
+                index += 1
+            self.checkpointables.register(schema.custom_name(index), obj)
+
+    def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, Any]:
+        """The model's full state dict (gathered when sharded; every rank calls it)."""
+        return self.strategy.model_state_dict(model)
+
+    def save(self, obj: Any, f: str | os.PathLike[str], safe_serialization: bool = False) -> None:
+        """Write ``obj`` to ``f`` once (main process), atomically; safetensors with ``safe_serialization``."""
+        if not self.is_main_process:
+            return
+        if safe_serialization:
+            from safetensors.torch import save as to_bytes
+
+            io.atomic_write(f, "wb", lambda out: out.write(to_bytes({k: v.contiguous() for k, v in obj.items()})))
+        else:
+            io.atomic_save(obj, f)
+
+    def save_state(self, output_dir: str | os.PathLike[str] | None = None, **_: Any) -> str:
+        """Write every checkpointable (model, optimizer, scaler, scheduler, RNG, loaders' positions,
+        what was registered) into the folder ``output_dir``, published complete or not at all."""
+        target = Path(self._state_dir(output_dir, new=True))
+        state = self.state_dict()  # a collective: every rank takes part
+
+        def write() -> None:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = io.make_temp_dir(target.parent)
+            io.atomic_save(state, tmp / schema.ENGINE_STATE)
+            if target.exists():
+                io.remove_tree(target)
+            io.publish_dir(tmp, target)
+
+        comm.on_main_agreed(write, f"save the state to {target}")
+        return str(target)
+
+    def load_state(self, input_dir: str | os.PathLike[str] | None = None, **_: Any) -> None:
+        """Restore what :meth:`save_state` wrote: loaders continue mid-epoch where they stopped."""
+        source = Path(self._state_dir(input_dir, new=False))
+        problem = io.completeness_problem(source) if source.is_dir() else "it is not a folder"
+        if problem is not None:
+            raise UserError(f"load_state({str(source)!r}): not a complete save_state folder ({problem}); "
+                            "pass a folder save_state wrote.")
+        self.load_state_dict(io.safe_load(source / schema.ENGINE_STATE, expect_keys=(schema.FORMAT,)))
+
+    def _state_dir(self, directory: str | os.PathLike[str] | None, new: bool) -> str | os.PathLike[str]:
+        """``directory``, or with ``project_dir`` the next (saving) / latest (loading) checkpoint of it."""
+        if directory is not None:
+            return directory
+        if self.project_dir is None:
+            raise UserError("save_state()/load_state() without a folder need Engine(project_dir=...); "
+                            "or pass the folder: save_state('checkpoints/step_100').")
+        root = Path(self.project_dir) / "checkpoints"
+        done = sorted((int(p.name.split("_")[1]) for p in root.glob("checkpoint_*")
+                       if p.name.split("_")[1].isdigit()), reverse=True) if root.is_dir() else []
+        if not new and not done:
+            raise UserError(f"load_state(): {root} holds no checkpoint_<n> folder; save_state() first.")
+        return root / f"checkpoint_{(done[0] + 1) if new and done else (0 if new else done[0])}"
+
+    def _unscale(self) -> None:
+        if self.scaler is not None and not self.grads_unscaled:
+            self.scaler.unscale_(inner(self.prepared_optimizer))
+            self.grads_unscaled = True
+
+    # -- trackers (another issue) ----------------------------------------------------
+    def init_trackers(self, *args: Any, **kwargs: Any) -> None:
+        raise UserError(f"init_trackers: {TRACKERS_LATER}")
+
+    def log(self, *args: Any, **kwargs: Any) -> None:
+        raise UserError(f"log: {TRACKERS_LATER}")
+
+
+def _split(inputs: Any, rank: int, world: int, pad: bool) -> Any:
+    if isinstance(inputs, dict):
+        return {k: _split(v, rank, world, pad) for k, v in inputs.items()}
+    n = len(inputs)
+    per, extra = divmod(n, world)
+    start = rank * per + min(rank, extra)
+    part = inputs[start:start + per + (rank < extra)]
+    if pad and extra and rank >= extra and n:  # every rank as many items: repeat the last one
+        last = inputs[-1:]
+        part = torch.cat([part, last]) if isinstance(part, torch.Tensor) else part + type(part)(last)
+    return part
+
+
+__all__ = ["AcceleratorMembers"]
