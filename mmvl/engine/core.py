@@ -40,6 +40,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from mmvl.checkpoint import CheckpointManager, Checkpointables, schema
+from mmvl.config.schema import section
 from mmvl.data.sample import to_device
 from mmvl.distributed import comm
 from mmvl.distributed.env import DistEnv
@@ -80,23 +81,21 @@ class Engine(AcceleratorMembers):
             if env is not None:
                 raise UserError("Engine(env=..., device=...): the env already names the device; pass one.")
             config = OmegaConf.merge(config, {"training": {"device": str(device)}})
-        training = config.get("training", {}) or {}
+        training = section(config, "training")  # typed, with the schema's defaults for what is unset
         self.config = config
         self.env = env or _init_process(config)
-        self.precision = precision or training.get("precision", "fp32")
-        if training.get("fp16") and precision is None:
-            self.precision = "fp16"
+        self.precision = precision or training.precision  # MMF's fp16 flag was resolved at load
         self._dtype = compute_dtype(self.precision)  # a UserError for an unknown name
-        k = gradient_accumulation or training.get("gradient_accumulation", 1) or 1
+        k = gradient_accumulation or training.gradient_accumulation or 1
         if int(k) < 1:
             raise UserError(f"training.gradient_accumulation={k} must be >= 1.")
         self.gradient_accumulation = int(k)
         self.strategy = strategy if isinstance(strategy, Strategy) else _build_strategy(
             config, self.env, strategy, self._dtype)
         self.scaler = self.strategy.make_grad_scaler(self.precision == "fp16")
-        self.prefetch = bool(training.get("prefetch", True) if prefetch is None else prefetch)
-        self.compile = bool(training.get("compile", False))
-        self.compile_backend = str(training.get("compile_backend") or "inductor")
+        self.prefetch = bool(training.prefetch if prefetch is None else prefetch)
+        self.compile = bool(training.compile)
+        self.compile_backend = str(training.compile_backend or "inductor")
         if self.compile and self.strategy.name == "dp":
             raise UserError("training.compile=true does not work with distributed.strategy=dp (its replicas "
                             "would share one compiled forward); use ddp (torchrun) or training.compile=false.")
