@@ -15,7 +15,7 @@ def make_images(n, seed):
     g = torch.Generator().manual_seed(seed)
     labels = torch.randint(0, 2, (n,), generator=g)
     images = torch.rand(n, 3, 16, 16, generator=g)
-    images[:, :, :, 8:] += 0.15 * (2 * labels.float() - 1).view(-1, 1, 1, 1)
+    images[:, :, :, 8:] += 0.35 * (2 * labels.float() - 1).view(-1, 1, 1, 1)
     return TensorDataset(torch.arange(n), images, labels)
 
 
