@@ -148,7 +148,9 @@ def _models_agree(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], tol: f
         torch.testing.assert_close(b[key], value, atol=tol, rtol=0, msg=key)
 
 
-@pytest.mark.parametrize("name", FEATURES)
+# each case starts two interpreters (mmvl's run and Accelerate's): one stays in the fast suite
+@pytest.mark.parametrize("name", [n if n == "gradient_accumulation" else pytest.param(n, marks=pytest.mark.slow)
+                                  for n in FEATURES])
 def test_one_process_in_dataset_order_ends_where_accelerate_ends(tmp_path, name):
     args = [*FEATURES[name][0], "--cpu", "--no_shuffle", "--output_dir"]
     run(ported(PORTS / f"{name}.py", tmp_path / "port"), *args, str(tmp_path / "mmvl"))
