@@ -55,34 +55,37 @@ def _out_of_memory(error: BaseException) -> bool:
         re.search(r"out of memory|can't allocate memory|CUDNN_STATUS_NOT_SUPPORTED", str(error)))
 
 
-def find_executable_batch_size(function: Callable | None = None, starting_batch_size: int = 128) -> Callable:
-    """Decorator: call ``function(batch_size, ...)``, halving ``batch_size`` after each out-of-memory
-    error until a call succeeds (a RuntimeError when it reaches zero)."""
+def find_executable_batch_size(function: Callable | None = None, starting_batch_size: int = 128,
+                               reduce_batch_size_fn: Callable[[], int] | None = None) -> Callable:
+    """Decorator: call ``function(batch_size, *args, **kwargs)``; after each out-of-memory error the
+    batch size becomes ``int(0.9 * batch_size)`` (Accelerate's rule) or ``reduce_batch_size_fn()``,
+    until a call succeeds (a RuntimeError when it reaches zero)."""
     if function is None:
-        return functools.partial(find_executable_batch_size, starting_batch_size=starting_batch_size)
-    first = next(iter(inspect.signature(function).parameters), None)
-    if first is None:
+        return functools.partial(find_executable_batch_size, starting_batch_size=starting_batch_size,
+                                 reduce_batch_size_fn=reduce_batch_size_fn)
+    params = list(inspect.signature(function).parameters)
+    if not params:
         raise UserError(f"find_executable_batch_size: {function.__name__}() must take the batch size as its "
                         "first argument, e.g. def inner_training_loop(batch_size): ...")
 
     @functools.wraps(function)
     def run(*args: Any, **kwargs: Any) -> Any:
         batch_size = starting_batch_size
-        if args or first in kwargs:
+        if len(args) >= len(params) or params[0] in kwargs:
             raise UserError(f"{function.__name__}() is given its batch size by find_executable_batch_size; call "
-                            f"it without it: {function.__name__}() (other arguments by keyword are fine).")
+                            f"it without it: {function.__name__}({', '.join(params[1:])}).")
         while True:
             if batch_size < 1:
                 raise RuntimeError("No executable batch size found, reached zero.")
             try:
-                return function(batch_size, **kwargs)
+                return function(batch_size, *args, **kwargs)
             except Exception as e:  # noqa: BLE001 - only out-of-memory errors are retried
                 if not _out_of_memory(e):
                     raise
                 gc.collect()
                 if torch.cuda.is_available():
                     torch.cuda.empty_cache()
-                batch_size //= 2
+                batch_size = int(reduce_batch_size_fn()) if reduce_batch_size_fn else int(batch_size * 0.9)
 
     return run
 

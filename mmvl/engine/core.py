@@ -193,8 +193,9 @@ class Engine(AcceleratorMembers):
         """One micro-step; gradients are communicated only on the last of each group."""
         self._micro_step += 1
         loader = self.active_loader
-        self.sync_gradients = self._micro_step % self.gradient_accumulation == 0 or bool(loader and loader.end_of_epoch)
-        if loader is not None and loader.end_of_epoch:  # as Accelerate: the epoch's last batch always syncs
+        last = loader is not None and loader.end_of_epoch  # not bool(loader): a stream's loader has no len()
+        self.sync_gradients = self._micro_step % self.gradient_accumulation == 0 or last
+        if last:  # as Accelerate: the epoch's last batch always syncs
             self._micro_step = 0
         ctx = contextlib.nullcontext() if self.sync_gradients else self.strategy.no_sync(model)
         with ctx:

@@ -154,17 +154,32 @@ def test_register_for_checkpointing_and_state_folders(tmp_path):
         engine.load_state(tmp_path / "missing")
 
 
-def test_find_executable_batch_size_halves_after_out_of_memory():
+def test_find_executable_batch_size_shrinks_by_accelerates_rule_after_out_of_memory():
     tried = []
 
-    @find_executable_batch_size(starting_batch_size=64)
-    def loop(batch_size):
+    @find_executable_batch_size(starting_batch_size=20)
+    def loop(batch_size, scale):
         tried.append(batch_size)
-        if batch_size > 16:
+        if batch_size > 12:  # both forms Accelerate treats as out of memory
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        if batch_size > 10:
+            raise RuntimeError("CUDA out of memory.")
+        return batch_size * scale
+
+    assert loop(2) == 20 and tried == [20, 18, 16, 14, 12, 10]  # int(0.9 * b), positional arguments passed on
+    with pytest.raises(UserError, match="given its batch size"):
+        loop(8, 2)
+    sizes = iter([32, 16])
+
+    @find_executable_batch_size(starting_batch_size=64, reduce_batch_size_fn=lambda: next(sizes))
+    def halving(batch_size):
+        if batch_size > 16:
+            raise RuntimeError("DefaultCPUAllocator: can't allocate memory")
         return batch_size
 
-    assert loop() == 16 and tried == [64, 32, 16]
+    assert halving() == 16
+    with pytest.raises(ValueError):
+        find_executable_batch_size(lambda b: (_ for _ in ()).throw(ValueError("out of memory")))()
 
 
 def _two_ranks(env):
