@@ -39,7 +39,9 @@ class ShardSource(IterableDataset):
         self.name, self.paths, self.counts = name, list(paths), [int(c) for c in counts]
         self.buffer_size, self.make_batch = int(buffer_size), make_batch
         self.layout: dict[str, int] = {}
-        self.control = torch.zeros(2, dtype=torch.int64).share_memory_()  # epoch, batch of the rank
+        # epoch, batch of the rank, and the worker that gives its next batch: a DataLoader always asks
+        # worker 0 first, so after a resume mid-round its workers play the plan's workers rotated
+        self.control = torch.zeros(3, dtype=torch.int64).share_memory_()
 
     def __len__(self) -> int:
         return sum(self.counts)
@@ -55,8 +57,8 @@ class ShardSource(IterableDataset):
 
     def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
-        worker = info.id if info is not None else 0
-        epoch, batch = (int(v) for v in self.control.tolist())
+        epoch, batch, rotation = (int(v) for v in self.control.tolist())
+        worker = ((info.id if info is not None else 0) + rotation) % self.layout["workers"]
         plan, size = self.plan(epoch), self.layout["batch_size"]
         first, last = plan.done(batch)[worker], plan.batches[worker]
         rng = np.random.default_rng([self.layout["seed"], epoch, self.layout["rank"], worker, 24])
@@ -113,7 +115,9 @@ class ShardStream:
                      "of the split over %d ranks x %d workers x batch %d)", self.source.name, self.epoch,
                      self._plan.per_rank, len(self.source.paths), self._plan.dropped, len(self.source),
                      self.world_size, self.workers, self.batch_size)
-        self.source.control.copy_(torch.tensor([self.epoch, self.batch]))
+        order = self._plan.order()
+        rotation = order[self.batch] if self.batch < len(order) else 0
+        self.source.control.copy_(torch.tensor([self.epoch, self.batch, rotation]))
         self._generator.manual_seed((self.seed * 1000003 + self.epoch) * 101 + self.rank)
         self._iter = iter(self.loader)
 
