@@ -13,6 +13,7 @@ import torch
 from mmvl.io import safe_load
 from tests.fixtures.faults import run_faulty
 from tests.fixtures.shard_data import write_pair_shards, write_vocab
+from tests.reliability.test_crash_resume import _tensors  # model + optimizer tensors of a checkpoint
 
 pytest.importorskip("webdataset")
 ROOT = Path(__file__).resolve().parents[3]
@@ -58,14 +59,6 @@ def test_visual_bert_pretrains_on_shards(data, tmp_path):
     assert "10 batches per rank from 8 shards" in log and "0 of 40 samples dropped" in log
 
 
-def _tensors(path: Path) -> dict[str, torch.Tensor]:
-    state = safe_load(path)
-    out = {f"model.{k}": v for k, v in state["model"].items()}
-    for pid, s in state["optimizer"]["state"].items():
-        out.update({f"opt.{pid}.{k}": v for k, v in s.items() if isinstance(v, torch.Tensor)})
-    return out
-
-
 @pytest.mark.slow
 def test_sigkill_mid_epoch_then_resume_is_bitwise_the_uninterrupted_run(data, tmp_path):
     updates = 14  # 10 batches an epoch: the kill (update 7) is mid-epoch 0, the end in epoch 1
@@ -80,7 +73,7 @@ def test_sigkill_mid_epoch_then_resume_is_bitwise_the_uninterrupted_run(data, tm
     done = run_faulty(run, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Resumed from" in (tmp_path / "run" / "train.log").read_text()
-    want, got = _tensors(tmp_path / "ref" / "checkpoints" / "last.ckpt"), _tensors(tmp_path / "run" / "checkpoints" / "last.ckpt")
+    want, got = (_tensors(safe_load(tmp_path / r / "checkpoints" / "last.ckpt")) for r in ("ref", "run"))
     assert want.keys() == got.keys()
     for k, v in want.items():
         assert torch.equal(got[k], v), f"{k} differs from the uninterrupted run"
