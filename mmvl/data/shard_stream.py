@@ -78,8 +78,8 @@ class ShardStream:
     """An endless, resumable stream of training batches from a :class:`ShardSource`.
 
     The same interface as :class:`~mmvl.data.loaders.TrainStream`: ``next()``, ``epoch``,
-    ``batches_per_epoch`` (the plan's of epoch 0; later epochs may differ by a batch, since shards go
-    to other ranks; the stream follows each epoch's own plan), ``state_dict``/``load_state_dict``."""
+    ``batches_per_epoch`` (the same in every epoch: the plan's batch counts depend on the shard sizes
+    only, see :func:`~mmvl.data.shards.plan_epoch`), ``state_dict``/``load_state_dict``."""
 
     def __init__(self, source: ShardSource, *, batch_size: int, seed: int, rank: int, world_size: int,
                  num_workers: int = 0, pin_memory: bool = False, persistent_workers: bool = False):

@@ -19,6 +19,7 @@ members are ignored).
 """
 from __future__ import annotations
 
+import heapq
 import io
 import json
 import logging
@@ -212,13 +213,27 @@ class EpochPlan:
 
 def plan_epoch(counts: Sequence[int], *, seed: int, epoch: int, rank: int, world_size: int, workers: int,
                batch_size: int) -> EpochPlan:
-    """Shards go to ranks round robin from an order drawn from ``(seed, epoch)``, then to workers
-    round robin; every rank runs as many batches as the poorest one has, the rest is dropped."""
-    order = np.random.default_rng([seed, epoch, 24]).permutation(len(counts)).tolist()
+    """Which shards each worker of ``rank`` reads this epoch, and how many batches each gives.
 
-    def split(r: int) -> list[list[int]]:
-        mine = order[r::world_size]
-        return [mine[w::workers] for w in range(workers)]
+    The shards are dealt to the ``world_size x workers`` readers largest first, each to the reader
+    holding the fewest samples so far (ties: the lower reader, readers interleaved over ranks), and
+    shards of equal size in the order drawn from ``(seed, epoch)``. So which shard goes where changes
+    every epoch, but each reader's number of samples, hence every batch count and what is dropped,
+    depends on the shard sizes alone: the same in every epoch, on every rank. (A plain round robin
+    over the shuffled shards gives the short last shard to another reader each epoch, so the batches
+    per rank change from epoch to epoch, and a consumer that counts ``batches_per_epoch`` batches
+    per epoch reads into the next one.) Every rank runs as many batches as the poorest one has."""
+    order = np.random.default_rng([seed, epoch, 24]).permutation(len(counts)).tolist()
+    slots = world_size * workers  # reader k is worker k // world_size of rank k % world_size
+    held: list[list[int]] = [[] for _ in range(slots)]
+    heap = [(0, k) for k in range(slots)]
+    for place, s in sorted(enumerate(order), key=lambda ps: (-int(counts[ps[1]]), ps[0])):
+        total, k = heapq.heappop(heap)
+        held[k].append(place)
+        heapq.heappush(heap, (total + int(counts[s]), k))
+
+    def split(r: int) -> list[list[int]]:  # each worker reads its shards in the epoch's order
+        return [[order[place] for place in sorted(held[w * world_size + r])] for w in range(workers)]
 
     quotas = [[sum(counts[s] for s in shards) // batch_size for shards in split(r)] for r in range(world_size)]
     per_rank = min(sum(q) for q in quotas)

@@ -40,10 +40,11 @@ def shards(tmp_path_factory):
     return root, info
 
 
-def stream(shards, workers: int = 0, rank: int = 0, world: int = 1, batch: int = 4, buffer: int = 5) -> ShardStream:
+def stream(shards, workers: int = 0, rank: int = 0, world: int = 1, batch: int = 4, buffer: int = 5,
+           seed: int = 3) -> ShardStream:
     root, info = shards
     b = builder(root, info["pattern"], buffer)
-    return train_stream(b.build("train"), batch_size=batch, collate_fn=b.collate, seed=3, rank=rank,
+    return train_stream(b.build("train"), batch_size=batch, collate_fn=b.collate, seed=seed, rank=rank,
                         world_size=world, num_workers=workers)
 
 
@@ -74,15 +75,41 @@ def test_an_epoch_sees_each_sample_once_and_skips_the_corrupt_one(shards, worker
     assert s.epoch == 1 and nxt != ids[:len(nxt)]  # a new epoch, another order
 
 
-def test_ranks_and_workers_split_the_shards_without_overlap():
-    counts = [6] * 8 + [2]
-    for epoch in range(3):
-        plans = [plan_epoch(counts, seed=0, epoch=epoch, rank=r, world_size=2, workers=2, batch_size=4)
-                 for r in range(2)]
-        shards = [s for p in plans for w in p.shards for s in w]
-        assert sorted(shards) == list(range(9))
-        assert plans[0].per_rank == plans[1].per_rank and sum(plans[0].batches) == plans[0].per_rank
-        assert plans[0].dropped == 50 - 2 * 4 * plans[0].per_rank
+@pytest.mark.parametrize("counts", [[6] * 8 + [2], [5] * 12 + [1], [7, 3, 9, 1, 4, 4, 8, 2, 6, 5, 3]])
+def test_ranks_and_workers_split_the_shards_without_overlap_and_equal_batches_every_epoch(counts):
+    plans = {(e, r): plan_epoch(counts, seed=5, epoch=e, rank=r, world_size=2, workers=2, batch_size=3)
+             for e in range(6) for r in range(2)}
+    for epoch in range(6):
+        pair = [plans[epoch, r] for r in range(2)]
+        shards = [s for p in pair for w in p.shards for s in w]
+        assert sorted(shards) == list(range(len(counts)))
+        assert pair[0].per_rank == pair[1].per_rank and sum(pair[0].batches) == pair[0].per_rank
+        assert pair[0].dropped == sum(counts) - 2 * 3 * pair[0].per_rank
+        # the batch counts are the same every epoch (a consumer counts batches_per_epoch per epoch) ...
+        assert [p.batches for p in pair] == [plans[0, r].batches for r in range(2)]
+    # ... while the shards go to other readers
+    assert len({tuple(map(tuple, plans[e, 0].shards)) for e in range(6)}) > 1
+
+
+def test_the_plan_ignores_the_global_rngs_a_rank_was_seeded_with(shards):
+    """The Trainer seeds each rank with seed + rank before building its stream; the plan and each
+    worker's shuffle must not notice, and reading ``batches_per_epoch`` batches per epoch on each rank
+    (as the Trainer and the 2-rank test do) stays inside that epoch."""
+    from mmvl.utils.rng import seed_everything
+
+    seen = []
+    for rank in range(2):
+        seed_everything(11, rank)
+        seen.append(plan_epoch([6] * 8 + [2], seed=3, epoch=1, rank=0, world_size=2, workers=2, batch_size=4))
+    assert seen[0] == seen[1]
+    epochs = []
+    for rank in range(2):  # two ranks in one process, each after its own global seeding, two workers each
+        seed_everything(11, rank)
+        s = stream(shards, 2, rank=rank, world=2, batch=3, seed=1)  # a round robin split: 6 then 8 batches
+        epochs.append([torch.cat([next(s)["id"] for _ in range(s.batches_per_epoch)]).tolist() for _ in range(2)])
+    for epoch in range(2):
+        ids = epochs[0][epoch] + epochs[1][epoch]
+        assert len(ids) == len(set(ids)) and len(ids) >= 50 - 1 - 2 * 2 * 3  # the corrupt one, the remainder
 
 
 @pytest.mark.parametrize("workers,stop", [(0, 5), (2, 7), (2, 14)])
