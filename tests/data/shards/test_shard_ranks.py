@@ -12,8 +12,6 @@ pytest.importorskip("webdataset")
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="issue 24 open bug: under dist_launch the two ranks disagree on the shard order "
-                   "(9 of 60 ids seen twice); the same two ranks simulated in one process do not overlap")
 def test_two_ranks_two_workers_at_most_once_equal_batches(tmp_path):
     info = write_pair_shards(tmp_path, n_samples=61, per_shard=5, size=8)  # 13 shards, the last of 1
     results = launch(epoch_ids, world_size=2, args=(str(tmp_path), info["pattern"], str(write_vocab(tmp_path))),
