@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from mmvl.data.loaders import TrainStream, freeze_inherited
+from mmvl.data.loaders import EpochStream, TrainStream, freeze_inherited
 from mmvl.data.shards import EpochPlan, plan_epoch, worker_samples
 from mmvl.errors import UserError
 
@@ -74,7 +74,7 @@ class ShardSource(IterableDataset):
             yield out
 
 
-class ShardStream:
+class ShardStream(EpochStream):
     """An endless, resumable stream of training batches from a :class:`ShardSource`.
 
     The same interface as :class:`~mmvl.data.loaders.TrainStream`: ``next()``, ``epoch``,
@@ -108,7 +108,7 @@ class ShardStream:
                             "samples per shard.")
         return plan
 
-    def _start_epoch(self) -> None:
+    def _arm(self) -> None:
         self._plan = self._plan_of(self.epoch)
         if self.rank == 0 and self.batch == 0:
             log.info("%s epoch %d: %d batches per rank from %d shards; %d of %d samples dropped (the remainder "
@@ -118,21 +118,6 @@ class ShardStream:
         order = self._plan.order()
         rotation = order[self.batch] if self.batch < len(order) else 0
         self.source.control.copy_(torch.tensor([self.epoch, self.batch, rotation]))
-        self._generator.manual_seed((self.seed * 1000003 + self.epoch) * 101 + self.rank)
-        self._iter = iter(self.loader)
-
-    def __next__(self) -> Any:
-        if self._iter is None:
-            self._start_epoch()
-        if self.batch >= self._plan.per_rank:
-            self.epoch, self.batch = self.epoch + 1, 0
-            self._start_epoch()
-        batch = next(self._iter)
-        self.batch += 1
-        return batch
-
-    def __iter__(self) -> "ShardStream":
-        return self
 
     def _layout(self) -> dict[str, int]:
         return {"world_size": self.world_size, "workers": self.workers, "shards": len(self.source.paths),
