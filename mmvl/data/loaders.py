@@ -121,15 +121,51 @@ class EpochTagged(Dataset):
         return self.dataset[index]
 
 
-class TrainStream:
-    """An endless stream of training batches that crosses epochs and can be resumed.
+class EpochStream:
+    """The cursor every training stream shares: an endless ``next()`` over one DataLoader re-armed
+    at each epoch, at ``{epoch, batch}`` (the epoch in progress and how many of its
+    ``batches_per_epoch`` batches this rank has consumed), which is all its state.
 
-    ``state_dict()`` gives ``{epoch, batch}``: the epoch in progress and how many
-    of its batches this rank has consumed. One DataLoader serves every epoch; its
-    worker seeds come from a generator re-seeded per (seed, epoch, rank), so a fresh
-    start of an epoch (a resume, or workers that are not persistent) seeds them as an
-    uninterrupted run did. Persistent workers are seeded once, when they start.
-    """
+    A subclass sets ``loader``, ``batches_per_epoch``, ``seed``, ``rank`` and ``_generator`` (the
+    loader's), and ``_arm()`` points its loader at the current position. The worker seeds come from
+    the generator re-seeded per (seed, epoch, rank), so a fresh start of an epoch (a resume, or
+    workers that are not persistent) seeds them as an uninterrupted run did. Persistent workers are
+    seeded once, when they start."""
+
+    loader: DataLoader
+    batches_per_epoch: int
+    seed: int
+    rank: int
+    epoch: int = 0
+    batch: int = 0
+    _generator: torch.Generator
+    _iter: Iterator[Any] | None = None
+
+    def _arm(self) -> None:
+        raise NotImplementedError
+
+    def _start_epoch(self) -> None:
+        self._arm()
+        self._generator.manual_seed(worker_seed(self.seed, self.epoch, self.rank))
+        self._iter = iter(self.loader)
+
+    def __next__(self) -> Any:
+        if self._iter is None:
+            self._start_epoch()
+        if self.batch >= self.batches_per_epoch:
+            self.epoch, self.batch = self.epoch + 1, 0
+            self._start_epoch()
+        batch = next(self._iter)
+        self.batch += 1
+        return batch
+
+    def __iter__(self) -> "EpochStream":
+        return self
+
+
+class TrainStream(EpochStream):
+    """An endless stream of training batches of a map-style dataset that crosses epochs and can be
+    resumed from ``state_dict()``, ``{epoch, batch}`` (see :class:`EpochStream`)."""
 
     def __init__(self, dataset: Dataset, *, batch_size: int, collate_fn: Callable,
                  seed: int, rank: int, world_size: int, num_workers: int = 0,
@@ -153,25 +189,10 @@ class TrainStream:
         self.epoch, self.batch = 0, 0
         self._iter: Iterator[Any] | None = None
 
-    def _start_epoch(self) -> None:
-        """Re-arm the one loader: this epoch's order from the current position (the sampler is read
-        when the loader is iterated, in this process, also with persistent workers)."""
+    def _arm(self) -> None:
+        """This epoch's order from the current position (the sampler is read when the loader is
+        iterated, in this process, also with persistent workers)."""
         self.sampler.set_epoch(self.epoch, start=self.batch * self.batch_size)
-        self._generator.manual_seed(worker_seed(self.seed, self.epoch, self.rank))
-        self._iter = iter(self.loader)
-
-    def __next__(self) -> Any:
-        if self._iter is None:
-            self._start_epoch()
-        if self.batch >= self.batches_per_epoch:
-            self.epoch, self.batch = self.epoch + 1, 0
-            self._start_epoch()
-        batch = next(self._iter)
-        self.batch += 1
-        return batch
-
-    def __iter__(self) -> "TrainStream":
-        return self
 
     def state_dict(self) -> dict[str, int]:
         return {"epoch": self.epoch, "batch": self.batch}

@@ -24,7 +24,8 @@ from mmvl.utils.logger import setup_logging
 from mmvl.checkpoint import CheckpointManager, State, schema
 from mmvl.build import build_callbacks, build_datasets, build_model, model_config
 from mmvl.data.sample import DevicePrefetcher
-from mmvl.data.loaders import TrainStream, resolve_pin_memory
+from mmvl.data.loaders import resolve_pin_memory
+from mmvl.data.shard_stream import train_stream
 from mmvl.distributed import comm
 from mmvl.distributed.env import DistEnv
 from mmvl.engine import Engine
@@ -132,7 +133,7 @@ class Trainer:
 
     def _train_stream(self) -> Any:
         t = self.config.training
-        streams = {name: TrainStream(
+        streams = {name: train_stream(  # a ShardStream for shard datasets
             b.build("train"), batch_size=self.batch_size, collate_fn=b.collate,
             seed=int(t.seed), rank=self.env.rank, world_size=self.env.world_size,
             num_workers=int(t.num_workers), pin_memory=resolve_pin_memory(t.pin_memory, self.env.device),

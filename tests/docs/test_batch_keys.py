@@ -4,6 +4,7 @@ from __future__ import annotations
 import re
 
 import numpy as np
+from torch.utils.data import IterableDataset
 import pytest
 import torch
 
@@ -64,6 +65,10 @@ def _batch(name, data_dir, split, *extra):
     builder = build_datasets(config)[name]
     builder.prepare()
     dataset = builder.build(split)
+    if isinstance(dataset, IterableDataset):  # shards: the first batch of the training stream
+        from mmvl.data.shard_stream import train_stream
+
+        return next(train_stream(dataset, batch_size=2, collate_fn=builder.collate, seed=0, rank=0, world_size=1))
     return builder.collate([dataset[0], dataset[1]])
 
 

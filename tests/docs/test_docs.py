@@ -93,7 +93,8 @@ def pages() -> list[Path]:
 def _env(tiny: str | None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MMVL_")}
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    env["PYTHONPATH"] = str(HARNESS)
+    # the harness, then this checkout: its blocks run the tree under test, not whichever mmvl is installed
+    env["PYTHONPATH"] = os.pathsep.join([str(HARNESS), str(ROOT)])
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", MPLBACKEND="Agg")
     if tiny is not None:
         assert tiny in TINY, f"unknown tiny={tiny}; known: {sorted(TINY)}"
