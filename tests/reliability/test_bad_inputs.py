@@ -101,6 +101,12 @@ ROWS = [
     Row("unknown loss", lambda c: ["model_config.toy_mlp.losses=[{type: cross_entropyy}]"], "loss 'cross_entropyy'"),
     Row("unknown callback", lambda c: ["training.callbacks=[{type: stop_att}]"], "callback 'stop_att'"),
     Row("bad optimizer value", lambda c: ["optimizer.params.lr=-1"], "optimizer.params.lr"),
+    Row("infinite learning rate", lambda c: ["optimizer.params.lr=inf"], "optimizer.params.lr=inf (command line) is not a finite"),
+    Row("negative checkpoint interval", lambda c: ["training.checkpoint_interval=-10"],
+        "'training.checkpoint_interval' in command line must be an integer, 0 or more (0 turns it off)"),
+    Row("empty save_dir", lambda c: ["env.save_dir="], "'env.save_dir' in command line is empty"),
+    Row("world size 0", lambda c: ["distributed.world_size=0"], "'distributed.world_size' in command line must be an integer, 1 or more"),
+    Row("negative num_workers", lambda c: ["training.num_workers=-1"], "'training.num_workers' in command line must be an integer, 0 or more"),
     # the run: data size, save_dir, checkpoints
     Row("dataset smaller than a batch", lambda c: ["training.batch_size=1000"], "training.batch_size"),
     Row("save_dir under a file", lambda c: [f"env.save_dir={c.files / 'a_file' / 'sub'}"], "env.save_dir"),
