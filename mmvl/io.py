@@ -231,6 +231,36 @@ def remove_tree(path: str | os.PathLike[str]) -> None:
     shutil.rmtree(trash, ignore_errors=True)
 
 
+def cut_torn_line(path: str | os.PathLike[str]) -> int:
+    """Remove an append-only text file's last line when it has no newline (a writer died in it);
+    returns the bytes removed (0: the file ends whole or does not exist)."""
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        return 0
+    if size == 0:
+        return 0
+    with open(path, "rb+") as f:
+        f.seek(-1, os.SEEK_END)
+        if f.read(1) == b"\n":
+            return 0
+        keep, block = 0, 1 << 16
+        pos = size
+        while pos > 0:  # the last newline, read backwards a block at a time
+            start = max(0, pos - block)
+            f.seek(start)
+            chunk = f.read(pos - start)
+            found = chunk.rfind(b"\n")
+            if found >= 0:
+                keep = start + found + 1
+                break
+            pos = start
+        f.truncate(keep)
+        f.flush()
+        os.fsync(f.fileno())
+    return size - keep
+
+
 def remove_stale_temps(folder: str | os.PathLike[str]) -> list[Path]:
     """Delete the temp files a killed writer left in ``folder`` (its one writer calls this)."""
     folder = Path(folder)
