@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from mmvl import registry
 from mmvl.config import save_config
+from mmvl.config.load import check_config_file
 from mmvl.config.schema import stages
 from mmvl.utils.logger import setup_logging
 from mmvl.checkpoint import CheckpointManager, State, schema
@@ -70,6 +71,7 @@ class Trainer:
         t = config.training
         if self.env.is_main_process:
             _check_writable(str(config.env.save_dir))
+            check_config_file(os.path.join(str(config.env.save_dir), "config.yaml"))  # before any work
         setup_logging(str(config.env.save_dir), self.env.rank)
         seed_everything(int(t.seed))  # identical model initialisation on every rank
         self.engine = Engine(config, env=self.env)

@@ -124,6 +124,9 @@ ROWS = [
     Row("checkpoint of another model, evaluated", lambda c: ["run_type=val", "model_config.toy_mlp.hidden_size=32"],
         "key 'net.0.weight': checkpoint (16, 8) vs model (32, 8)"),
     Row("every checkpoint corrupt", lambda c: [], "no loadable checkpoint", prepare=_corrupt_all),
+    Row("the user's config.yaml in save_dir", lambda c: [f"config={c.save / 'config.yaml'}"],
+        lambda c: f"'{c.save / 'config.yaml'}' is not a config mmvl wrote",
+        prepare=lambda c: (c.save / "config.yaml").write_text("training:\n  seed: 1\n")),
     # data files (vision-and-language datasets; skipped where their builders are absent)
     Row("vqa2 questions missing", lambda c: [], "v2_OpenEnded_mscoco_train2014_questions.json", vl="vqa2",
         prepare=lambda c: (c.root / "data/vqa2/v2_OpenEnded_mscoco_train2014_questions.json").unlink()),
