@@ -18,6 +18,7 @@ from typing import Callable
 import pytest
 import torch
 
+from mmvl.io import LOCK
 from mmvl_cli.run import main
 from tests.fixtures.faults import ROOT, child_env, launch_ranks
 from tests.fixtures.toy import register, toy_opts
@@ -196,7 +197,7 @@ def snapshot(save: Path) -> dict[str, str]:
         return {}
     return {str(p.relative_to(save)): (p.read_text() if p.name == "train.log"
                                        else hashlib.sha256(p.read_bytes()).hexdigest())
-            for p in sorted(save.rglob("*")) if p.is_file()}
+            for p in sorted(save.rglob("*")) if p.is_file() and p.name != LOCK}  # the lock names its holder
 
 
 def assert_unchanged(before: dict[str, str], save: Path) -> None:
