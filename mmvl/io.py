@@ -27,6 +27,7 @@ import os
 import re
 import secrets
 import shutil
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any, Callable, Iterable, Iterator
@@ -229,6 +230,74 @@ def remove_tree(path: str | os.PathLike[str]) -> None:
     except OSError:
         trash = path
     shutil.rmtree(trash, ignore_errors=True)
+
+
+def cut_torn_line(path: str | os.PathLike[str]) -> int:
+    """Remove an append-only text file's last line when it has no newline (a writer died in it);
+    returns the bytes removed (0: the file ends whole or does not exist)."""
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        return 0
+    if size == 0:
+        return 0
+    with open(path, "rb+") as f:
+        f.seek(-1, os.SEEK_END)
+        if f.read(1) == b"\n":
+            return 0
+        keep, block = 0, 1 << 16
+        pos = size
+        while pos > 0:  # the last newline, read backwards a block at a time
+            start = max(0, pos - block)
+            f.seek(start)
+            chunk = f.read(pos - start)
+            found = chunk.rfind(b"\n")
+            if found >= 0:
+                keep = start + found + 1
+                break
+            pos = start
+        f.truncate(keep)
+        f.flush()
+        os.fsync(f.fileno())
+    return size - keep
+
+
+#: the lock file a run holds in its save dir for as long as it runs
+LOCK = ".mmvl.lock"
+_HELD: dict[str, int] = {}  # the locks this process holds: resolved path -> open descriptor
+
+
+def lock_dir(folder: str | os.PathLike[str], key: str = "env.save_dir") -> Path:
+    """Own ``folder`` for the rest of this process: an advisory ``flock`` on :data:`LOCK` there,
+    which the OS releases when the process ends, however it ends (a SIGKILLed run leaves no stale
+    lock). Another process holding it is a UserError naming it (host, pid, start); this process
+    may take it again (several runs one after another in one interpreter). On NFS, flock is
+    emulated with byte-range locks (Linux since 2.6.12), which NFSv4 servers honour."""
+    import fcntl
+    import socket
+
+    path = (Path(folder) / LOCK).resolve()
+    if str(path) in _HELD:
+        return path
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.pread(fd, 4096, 0).decode("utf-8", "replace")
+        os.close(fd)
+        try:
+            info = json.loads(holder)
+            who = f"pid {info['pid']} on {info['host']}, started {info['started']}"
+        except (ValueError, KeyError, TypeError):
+            who = "a process that has not written its name yet"
+        raise UserError(f"{key}={str(folder)!r} is in use by another run ({who}); wait for it to end or stop "
+                        f"it, or choose another {key}.") from None
+    os.ftruncate(fd, 0)
+    started = time.strftime("%Y-%m-%dT%H:%M:%S")
+    os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": started}).encode(), 0)
+    os.fsync(fd)
+    _HELD[str(path)] = fd
+    return path
 
 
 def remove_stale_temps(folder: str | os.PathLike[str]) -> list[Path]:

@@ -152,3 +152,15 @@ def test_only_io_renames_files():
                 text = open(path, encoding="utf-8").read()
                 found += [path for call in ("os.replace(", "os.rename(") if call in text]
     assert found == []
+
+
+def test_a_torn_last_line_is_cut(tmp_path):
+    path = tmp_path / "events.jsonl"
+    assert io.cut_torn_line(path) == 0  # no file
+    path.write_bytes(b'{"a": 1}\n{"b": 2}\n')
+    assert io.cut_torn_line(path) == 0 and path.read_bytes() == b'{"a": 1}\n{"b": 2}\n'
+    path.write_bytes(b'{"a": 1}\n{"b": 2}\n{"c": ' + b"x" * 70000)  # longer than one read block
+    assert io.cut_torn_line(path) == 70006
+    assert path.read_bytes() == b'{"a": 1}\n{"b": 2}\n'
+    path.write_bytes(b'{"only": "torn')
+    assert io.cut_torn_line(path) == 14 and path.read_bytes() == b""

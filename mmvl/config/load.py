@@ -199,11 +199,40 @@ def _first_line(err: BaseException) -> str:
     return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
 
 
+#: the first line of every config.yaml mmvl writes: a file without it is the user's, never overwritten
+CONFIG_MARK = "# the resolved config of this run, written by mmvl (rewritten at every start)"
+
+
 def save_config(cfg: DictConfig | Mapping[str, Any], path: str | os.PathLike[str]) -> Path:
-    """Write ``cfg`` as plain, resolved YAML atomically (through the one atomic writer)."""
+    """Write ``cfg`` as plain, resolved YAML atomically (through the one atomic writer), marked as
+    mmvl's; a file at ``path`` that mmvl did not write is a UserError (see :func:`check_config_file`)."""
     from mmvl.io import atomic_write  # the one atomic writer (imports torch only to save tensors)
 
     path = Path(path)
+    check_config_file(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     text = OmegaConf.to_yaml(cfg if isinstance(cfg, DictConfig) else OmegaConf.create(dict(cfg)), resolve=True)
-    return atomic_write(path, "w", lambda f: f.write(text))
+    return atomic_write(path, "w", lambda f: f.write(f"{CONFIG_MARK}\n{text}"))
+
+
+def check_config_file(path: str | os.PathLike[str]) -> None:
+    """A UserError when ``path`` exists and mmvl did not write it (the user's own config kept in the
+    save dir). A config.yaml of mmvl before the mark counts as mmvl's: it is a whole resolved config."""
+    path = Path(path)
+    if not path.is_file():
+        return
+    try:
+        with open(path, encoding="utf-8") as f:
+            first = f.readline().rstrip("\n")
+    except (OSError, UnicodeDecodeError):
+        first = ""
+    if first == CONFIG_MARK:
+        return
+    try:
+        content = read_yaml(path, "Config file")
+    except UserError:
+        content = {}
+    resolved = isinstance(content, dict) and {"run_type", "training", "checkpoint", "distributed", "env"} <= set(content)
+    if not resolved:
+        raise UserError(f"{str(path)!r} is not a config mmvl wrote (your own file?) and a run would overwrite it; "
+                        f"choose another env.save_dir, or move the file.")

@@ -35,10 +35,13 @@ _STAGE_ALIASES = {"inference": "test", "predict": "test"}
 
 
 def knob(default: Any = None, *, safe: bool = False, choices: tuple[Any, ...] | None = None,
-         positive: bool = False, registry: str | None = None, extra: tuple[Any, ...] = ()) -> Any:
-    """A field: ``safe`` to change on resume; one of ``choices``; a ``positive`` integer; or a
-    name registered in ``registry`` (or one of ``extra``)."""
-    meta = {"safe": safe, "choices": choices, "positive": positive, "registry": registry, "extra": extra}
+         positive: bool = False, minimum: int | None = None, required: bool = False,
+         registry: str | None = None, extra: tuple[Any, ...] = ()) -> Any:
+    """A field: ``safe`` to change on resume; one of ``choices``; a ``positive`` integer; an integer
+    of at least ``minimum``; ``required`` (a non-empty string, never null); or a name registered in
+    ``registry`` (or one of ``extra``)."""
+    meta = {"safe": safe, "choices": choices, "positive": positive, "minimum": minimum, "required": required,
+            "registry": registry, "extra": extra}
     if isinstance(default, (list, dict)):
         return dataclasses.field(default_factory=lambda: type(default)(default), metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -70,15 +73,15 @@ class Training:
     trainer: str = knob("mmvl", registry="trainer")
     seed: int = knob(1)
     batch_size: int = knob(32, positive=True)
-    num_workers: int = knob(4, safe=True)
+    num_workers: int = knob(4, safe=True, minimum=0)
     pin_memory: Union[str, bool] = knob("auto", safe=True, choices=PIN_MEMORY)
     persistent_workers: bool = knob(True, safe=True)
     prefetch: bool = knob(True, safe=True)
     max_updates: Optional[int] = knob(22000, safe=True, positive=True)
     max_epochs: Optional[float] = knob(None, safe=True, positive=True)
     log_interval: int = knob(100, safe=True)
-    evaluation_interval: int = knob(1000, safe=True)
-    checkpoint_interval: int = knob(1000, safe=True)
+    evaluation_interval: int = knob(1000, safe=True, minimum=0)
+    checkpoint_interval: int = knob(1000, safe=True, minimum=0)
     gradient_accumulation: int = knob(1, positive=True)
     update_frequency: Optional[int] = knob(None, positive=True)
     fp16: bool = knob(False)
@@ -137,13 +140,13 @@ class Nccl:
 class Distributed:
     strategy: str = knob("auto", registry="strategy", extra=("auto",))
     backend: str = knob("auto", choices=BACKENDS)
-    world_size: Any = knob("${device_count:}")
+    world_size: int = knob("${device_count:}", minimum=1)
     rank: int = knob(0)
     port: int = knob(-1)
     init_method: Optional[str] = knob(None)
     local_rank: Optional[int] = knob(None)
     timeout_minutes: int = knob(30)
-    max_restarts: int = knob(0)
+    max_restarts: int = knob(0, minimum=0)
     data_parallel: bool = knob(False)
     find_unused_parameters: bool = knob(False)
     static_graph: bool = knob(False)
@@ -172,14 +175,14 @@ class Checkpoint:
     resume_pretrained: bool = knob(False)
     pretrained_state_mapping: dict = knob({})
     reset: Reset = sub(Reset)
-    max_to_keep: int = knob(3)
+    max_to_keep: int = knob(3, minimum=0)
     slurm_requeue: bool = knob(False)
 
 
 @dataclasses.dataclass
 class Env:
-    save_dir: str = knob("${env:MMVL_SAVE_DIR,./save}")
-    data_dir: str = knob("${env:MMVL_DATA_DIR,./data}")
+    save_dir: str = knob("${env:MMVL_SAVE_DIR,./save}", required=True)
+    data_dir: str = knob("${env:MMVL_DATA_DIR,./data}", required=True)
     cache_dir: Optional[str] = knob("${env:MMVL_CACHE_DIR,null}")
     user_dir: Optional[str] = knob("${env:MMVL_USER_DIR,null}")
 

@@ -8,6 +8,7 @@ dataset YAMLs) defines which keys exist and their types; nodes named
 from __future__ import annotations
 
 import difflib
+import math
 from typing import Any, Callable
 
 from mmvl.config import schema
@@ -23,6 +24,10 @@ def _tables() -> tuple[dict[str, tuple[Any, ...]], dict[str, tuple[str, tuple[An
     choices, registered, positive = {}, {}, {}
     for key, f in schema.fields().items():
         meta = f.metadata
+        if meta.get("minimum") is not None:
+            MINIMUM[key] = int(meta["minimum"])
+        if meta.get("required"):
+            REQUIRED.append(key)
         if meta.get("choices") is not None:
             choices[key] = tuple(meta["choices"])
         if meta.get("registry"):
@@ -32,6 +37,9 @@ def _tables() -> tuple[dict[str, tuple[Any, ...]], dict[str, tuple[str, tuple[An
     return choices, registered, positive
 
 
+#: keys that must be integers of at least a minimum; keys that must be non-empty strings
+MINIMUM: dict[str, int] = {}
+REQUIRED: list[str] = []
 #: keys with a fixed set of values (declared in :mod:`mmvl.config.schema`)
 #: keys naming a registered component: (registry kind, values allowed besides the registered names);
 #: the registry decides, with the built-ins and ``env.user_dir`` registered.
@@ -249,6 +257,21 @@ def _check_positive_int(path: str, value: Any, source: str) -> None:
         )
 
 
+def _check_minimum(path: str, value: Any, source: str) -> None:
+    low = MINIMUM[path]
+    if is_interpolation(value):
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        what = {0: "0 or more", 1: "1 or more"}.get(low, f"at least {low}")
+        off = " (0 turns it off)" if low == 0 and path.endswith("_interval") else ""
+        raise UserError(f"Config key {path!r} in {source} must be an integer, {what}{off}; got {value!r}.")
+
+
+def _check_required(path: str, value: Any, source: str) -> None:
+    if value is None or (isinstance(value, str) and not value.strip()):
+        raise UserError(f"Config key {path!r} in {source} is empty; give it a folder, e.g. {path}=./save/my_run.")
+
+
 def _check_run_type(path: str, value: Any, source: str) -> None:
     schema.parse_run_type(value, source)
 
@@ -258,6 +281,8 @@ _SPECIAL: dict[str, Callable[[str, Any, str], None]] = {
     **{k: _check_choice for k in CHOICES},
     **{k: _check_registered for k in REGISTERED},
     **{k: _check_positive_int for k in POSITIVE_INT},
+    **{k: _check_minimum for k in MINIMUM},
+    **{k: _check_required for k in REQUIRED},
 }
 
 
@@ -265,6 +290,11 @@ def check_final(cfg: dict[str, Any], provenance: Provenance) -> None:
     """Checks on the merged, resolved config (values from YAMLs or interpolations)."""
     for path, check in _SPECIAL.items():
         check(path, config_value(cfg, path), provenance.get(path, "the merged config"))
+    for section in ("optimizer", "scheduler"):
+        for key, value in ((cfg.get(section) or {}).get("params") or {}).items():
+            if isinstance(value, float) and not math.isfinite(value):
+                raise UserError(f"{section}.params.{key}={value} ({provenance.get(f'{section}.params.{key}', 'the merged config')}) "
+                                f"is not a finite number; give a finite value.")
     training = cfg.get("training", {})
     if training.get("max_updates") is None and training.get("max_epochs") is None:
         raise UserError(

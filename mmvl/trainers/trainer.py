@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from mmvl import registry
 from mmvl.config import save_config
+from mmvl.config.load import check_config_file
 from mmvl.config.schema import stages
 from mmvl.utils.logger import setup_logging
 from mmvl.checkpoint import CheckpointManager, State, schema
@@ -30,6 +31,7 @@ from mmvl.distributed import comm
 from mmvl.distributed.env import DistEnv
 from mmvl.engine import Engine
 from mmvl.errors import UserError
+from mmvl.io import lock_dir
 from mmvl.losses import build_losses, compute_losses
 from mmvl.metrics import build_metrics
 from mmvl.optim import base_lr, build_optimizer, build_scheduler
@@ -69,8 +71,12 @@ class Trainer:
         self.config = config
         self.env = env or init_distributed(config)
         t = config.training
-        if self.env.is_main_process:
+        def own_save_dir() -> None:  # rank 0; every rank learns of a refusal (no rank waits for it)
             _check_writable(str(config.env.save_dir))
+            lock_dir(str(config.env.save_dir))  # one run per save dir, for this process's life
+            check_config_file(os.path.join(str(config.env.save_dir), "config.yaml"))  # before any work
+
+        comm.on_main_agreed(own_save_dir, "own env.save_dir")
         setup_logging(str(config.env.save_dir), self.env.rank)
         seed_everything(int(t.seed))  # identical model initialisation on every rank
         self.engine = Engine(config, env=self.env)

@@ -244,3 +244,21 @@ def test_diamond_include_is_merged_once_at_first_position(root, tmp_path):
     top = write(tmp_path / "top.yaml", {"includes": ["b.yaml", "c.yaml"]})
     cfg = load_config([f"config={top}"], config_root=root)
     assert cfg.training.seed == 2 and cfg.training.num_workers == 3  # d does not undo b
+
+
+def test_save_config_marks_its_file_and_keeps_the_users(tmp_path):
+    from mmvl.config.load import CONFIG_MARK, check_config_file
+
+    ours = tmp_path / "config.yaml"
+    save_config({"a": 1}, ours)
+    assert ours.read_text().splitlines()[0] == CONFIG_MARK
+    save_config({"a": 2}, ours)  # its own file: rewritten
+    assert "a: 2" in ours.read_text()
+    users = tmp_path / "mine.yaml"
+    users.write_text("training:\n  seed: 3\n")
+    with pytest.raises(UserError, match="mine.yaml' is not a config mmvl wrote.*another env.save_dir"):
+        save_config({"a": 1}, users)
+    assert users.read_text() == "training:\n  seed: 3\n"
+    legacy = tmp_path / "legacy.yaml"  # written by mmvl before the mark: a whole resolved config
+    legacy.write_text(save_config(load_config([]), tmp_path / "x.yaml").read_text().split("\n", 1)[1])
+    check_config_file(legacy)

@@ -18,6 +18,7 @@ from typing import Callable
 import pytest
 import torch
 
+from mmvl.io import LOCK
 from mmvl_cli.run import main
 from tests.fixtures.faults import ROOT, child_env, launch_ranks
 from tests.fixtures.toy import register, toy_opts
@@ -101,6 +102,12 @@ ROWS = [
     Row("unknown loss", lambda c: ["model_config.toy_mlp.losses=[{type: cross_entropyy}]"], "loss 'cross_entropyy'"),
     Row("unknown callback", lambda c: ["training.callbacks=[{type: stop_att}]"], "callback 'stop_att'"),
     Row("bad optimizer value", lambda c: ["optimizer.params.lr=-1"], "optimizer.params.lr"),
+    Row("infinite learning rate", lambda c: ["optimizer.params.lr=inf"], "optimizer.params.lr=inf (command line) is not a finite"),
+    Row("negative checkpoint interval", lambda c: ["training.checkpoint_interval=-10"],
+        "'training.checkpoint_interval' in command line must be an integer, 0 or more (0 turns it off)"),
+    Row("empty save_dir", lambda c: ["env.save_dir="], "'env.save_dir' in command line is empty"),
+    Row("world size 0", lambda c: ["distributed.world_size=0"], "'distributed.world_size' in command line must be an integer, 1 or more"),
+    Row("negative num_workers", lambda c: ["training.num_workers=-1"], "'training.num_workers' in command line must be an integer, 0 or more"),
     # the run: data size, save_dir, checkpoints
     Row("dataset smaller than a batch", lambda c: ["training.batch_size=1000"], "training.batch_size"),
     Row("save_dir under a file", lambda c: [f"env.save_dir={c.files / 'a_file' / 'sub'}"], "env.save_dir"),
@@ -118,6 +125,9 @@ ROWS = [
     Row("checkpoint of another model, evaluated", lambda c: ["run_type=val", "model_config.toy_mlp.hidden_size=32"],
         "key 'net.0.weight': checkpoint (16, 8) vs model (32, 8)"),
     Row("every checkpoint corrupt", lambda c: [], "no loadable checkpoint", prepare=_corrupt_all),
+    Row("the user's config.yaml in save_dir", lambda c: [f"config={c.save / 'config.yaml'}"],
+        lambda c: f"'{c.save / 'config.yaml'}' is not a config mmvl wrote",
+        prepare=lambda c: (c.save / "config.yaml").write_text("training:\n  seed: 1\n")),
     # data files (vision-and-language datasets; skipped where their builders are absent)
     Row("vqa2 questions missing", lambda c: [], "v2_OpenEnded_mscoco_train2014_questions.json", vl="vqa2",
         prepare=lambda c: (c.root / "data/vqa2/v2_OpenEnded_mscoco_train2014_questions.json").unlink()),
@@ -187,7 +197,7 @@ def snapshot(save: Path) -> dict[str, str]:
         return {}
     return {str(p.relative_to(save)): (p.read_text() if p.name == "train.log"
                                        else hashlib.sha256(p.read_bytes()).hexdigest())
-            for p in sorted(save.rglob("*")) if p.is_file()}
+            for p in sorted(save.rglob("*")) if p.is_file() and p.name != LOCK}  # the lock names its holder
 
 
 def assert_unchanged(before: dict[str, str], save: Path) -> None:

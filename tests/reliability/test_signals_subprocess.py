@@ -48,9 +48,11 @@ def _fake_scontrol(tmp_path: Path) -> tuple[Path, Path]:
     return bin_dir, record
 
 
-@pytest.mark.parametrize("sig", [signal.SIGUSR1, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)],
-                         ids=["SIGUSR1", "SIGTERM"])
-def test_signal_checkpoints_current_update_exits_0_and_resume_matches(tmp_path, sig):
+@pytest.mark.parametrize("sig, twice", [(signal.SIGUSR1, False),
+                                        pytest.param(signal.SIGTERM, False, marks=pytest.mark.slow),
+                                        pytest.param(signal.SIGINT, True, marks=pytest.mark.slow)],
+                         ids=["SIGUSR1", "SIGTERM", "SIGINT twice at once (one Ctrl-C)"])
+def test_signal_checkpoints_current_update_exits_0_and_resume_matches(tmp_path, sig, twice):
     bin_dir, record = _fake_scontrol(tmp_path)
     root = tmp_path / "run"
     slow = [{"update": 1, "action": "sleep", "seconds": 0.15}]  # ~5 s of training: time to signal it
@@ -64,6 +66,9 @@ def test_signal_checkpoints_current_update_exits_0_and_resume_matches(tmp_path, 
             time.sleep(0.02)
         seen = _train_updates(root)[-1]
         proc.send_signal(sig)
+        if twice:  # the terminal's SIGINT and the launcher's forwarded copy: one Ctrl-C
+            time.sleep(0.05)
+            proc.send_signal(sig)
         sent = time.monotonic()
         _, err = proc.communicate(timeout=30)
         took = time.monotonic() - sent
@@ -78,7 +83,10 @@ def test_signal_checkpoints_current_update_exits_0_and_resume_matches(tmp_path, 
     log = (root / "save" / "train.log").read_text()
     assert f"Received {sig.name}: saving a checkpoint at update {stopped}" in log
     assert "val toy" not in log  # no evaluation between the signal and the exit
-    assert record.read_text().split() == ["requeue", "4242"]
+    if sig == signal.SIGINT:  # the user stopped it: never requeued
+        assert not record.exists()
+    else:
+        assert record.read_text().split() == ["requeue", "4242"]
 
     # the requeued job: the same command; checkpoint.resume=auto picks up last.ckpt
     assert main(_opts(root)) == 0
@@ -90,3 +98,23 @@ def test_signal_checkpoints_current_update_exits_0_and_resume_matches(tmp_path, 
     assert got["trainer"]["update"] == want["trainer"]["update"] == UPDATES
     for k, v in want["model"].items():
         assert torch.equal(got["model"][k], v), k
+
+
+@pytest.mark.slow
+def test_a_second_ctrl_c_stops_at_once(tmp_path):
+    root = tmp_path / "run"
+    slow = [{"update": 1, "action": "sleep", "seconds": 0.5}]  # an update takes longer than a Ctrl-C pair
+    proc = subprocess.Popen([sys.executable, SCRIPT, *_opts(root)], cwd=ROOT, env=child_env(slow),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 90
+        while len(_train_updates(root)) < 2:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1]
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(1.3)  # later than one Ctrl-C delivered twice: a second Ctrl-C
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode != 0 and "Traceback" not in err, err

@@ -23,6 +23,7 @@ import torch
 from tqdm import tqdm
 
 from mmvl.distributed import comm
+from mmvl.io import cut_torn_line
 from mmvl.registry import register_callback
 from mmvl.trainers.callbacks.base import Callback
 from mmvl.utils.flops import mfu, peak_flops
@@ -37,6 +38,11 @@ class LoggingCallback(Callback):
         self.main = trainer.engine.is_main_process
         self.interval = max(1, int(trainer.config.training.log_interval or 1))
         self.path = os.path.join(str(trainer.config.env.save_dir), "metrics.jsonl")
+        if self.main:  # a run killed while writing left half an event: cut it, or the next one joins it
+            torn = cut_torn_line(self.path)
+            if torn:
+                log.warning("metrics.jsonl ended in an unfinished line (%d bytes, from a run that was killed "
+                            "while writing it); removed it before appending", torn)
         self.bar: tqdm | None = None
         t = trainer.config.training
         self.peak = peak_flops(trainer.engine.device, trainer.engine.precision, t.get("peak_tflops"))
@@ -55,8 +61,8 @@ class LoggingCallback(Callback):
         """Append ``event`` to metrics.jsonl (rank 0) and hand it to every callback's ``on_log``."""
         event["wall_s"] = round(self.wall_before + time.perf_counter() - self.wall_start, 3)
         if self.main:
-            with open(self.path, "a", encoding="utf-8") as f:
-                f.write(json.dumps(event) + "\n")
+            with open(self.path, "ab") as f:  # one write of the whole line: a crash can tear only the last
+                f.write((json.dumps(event) + "\n").encode("utf-8"))
         self.trainer.call("on_log", event)
 
     def on_train_start(self) -> None:

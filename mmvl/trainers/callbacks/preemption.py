@@ -1,4 +1,7 @@
-"""Checkpoint and stop on SIGTERM/SIGUSR1 (SLURM's warning signal, ``--signal=USR1@90``).
+"""Checkpoint and stop on SIGTERM/SIGUSR1 (SLURM's warning signal, ``--signal=USR1@90``) and on
+the first Ctrl-C (SIGINT); a second Ctrl-C stops at once. One Ctrl-C can arrive twice within a
+moment (the terminal signals the whole process group and mmvl's launcher forwards it again):
+signals :data:`SAME_CTRL_C_S` apart count as one.
 
 The handler only sets a flag. One process reads it after every update (a Python
 value: no device involved). Several processes must agree on the update at which
@@ -15,6 +18,7 @@ import logging
 import os
 import signal
 import subprocess
+import time
 from typing import Any
 
 from mmvl.distributed.comm import AsyncMax
@@ -23,7 +27,9 @@ from mmvl.registry import register_callback
 from mmvl.trainers.callbacks.base import Callback
 
 log = logging.getLogger("mmvl")
-SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+#: two SIGINTs closer than this are one Ctrl-C delivered twice
+SAME_CTRL_C_S = 1.0
 
 
 @register_callback("preemption")
@@ -38,8 +44,18 @@ class PreemptionCallback(Callback):
             raise UserError(f"training.preemption_check_interval={self.interval} must be >= 1 (updates "
                             "between two checks of a preemption signal across the ranks).")
         self._pending: AsyncMax | None = None
+        self._ctrl_c: float | None = None  # when the first Ctrl-C came
 
     def _handler(self, signum: int, frame: Any) -> None:
+        if signum == signal.SIGINT:
+            now = time.monotonic()
+            if self._ctrl_c is not None and now - self._ctrl_c > SAME_CTRL_C_S:
+                raise KeyboardInterrupt  # the second Ctrl-C: stop now, without the checkpoint
+            if self._ctrl_c is None:
+                self._ctrl_c = now
+                if self.trainer.engine.is_main_process:
+                    log.warning("Ctrl-C: saving a checkpoint at the next update the ranks agree on, then "
+                                "stopping; press Ctrl-C again to stop at once.")
         self.received = signum
 
     def on_train_start(self) -> None:
@@ -72,7 +88,7 @@ class PreemptionCallback(Callback):
         t.should_stop = True
         t.preempted = name
         if (t.config.checkpoint.get("slurm_requeue") and "SLURM_JOB_ID" in os.environ
-                and t.engine.is_main_process):
+                and t.engine.is_main_process and signum != signal.SIGINT):  # Ctrl-C: the user stops it
             job = os.environ["SLURM_JOB_ID"]
             result = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
             if result.returncode == 0:
