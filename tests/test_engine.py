@@ -216,6 +216,7 @@ def _torchrun(script: str, *args: str, nproc: int = 2, timeout: float = 240):
     return result
 
 
+@pytest.mark.slow
 def test_the_same_loop_under_torchrun_equals_one_process(tmp_path):
     """The plain loop script, unchanged: 2 gloo processes under torchrun (the Engine joins the group
     itself) end with the weights of the one-process run over the same global batches."""

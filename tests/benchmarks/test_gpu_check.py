@@ -70,6 +70,7 @@ def test_user_mistakes_exit_2_with_one_line(tmp_path, args, env, needle):
     assert proc.returncode == 2 and needle in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_the_suite_collects_without_lmdb_and_fairscale():
     """The GPU machine has neither: modules that need them skip instead of stopping `pytest -m cuda`."""
     code = ("import sys\nfor name in ('lmdb', 'fairscale'):\n    sys.modules[name] = None  # import raises\n"

@@ -8,11 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 LINE = re.compile(r"^vqa_scale scale=0\.01 startup_s=([\d.]+) cached_startup_s=([\d.]+) samples_per_s=(\d+) "
                   r"main_peak_mb=(\d+) worker_private_growth_mb=(-?[\d.]+) eval_peak_mb=(\d+)$", re.M)
 
 
+@pytest.mark.slow
 def test_vqa_scale_at_one_percent(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "vqa_scale.py"), "--scale", "0.01",
                            "--updates", "6", "--cached-updates", "3", "--batch-size", "32",

@@ -62,7 +62,8 @@ def _engine_param_dtypes(env, precision):
     return {"in_forward": seen, "policy": str(policy.param_dtype), "out": str(out.dtype)}
 
 
-@pytest.mark.parametrize("precision,dtype", [("bf16", "torch.bfloat16"), ("fp32", "None")])
+@pytest.mark.parametrize("precision,dtype", [("bf16", "torch.bfloat16"),
+                                             pytest.param("fp32", "None", marks=pytest.mark.slow)])
 def test_engine_precision_reaches_the_fsdp_policy(precision, dtype):
     from tests.distributed.dist_launch import launch
 

@@ -67,6 +67,7 @@ def _resume_is_bitwise(tmp_path: Path, nproc: int) -> None:
     assert full["accuracy"] == resumed["accuracy"]
 
 
+@pytest.mark.slow  # two interpreters; the in-process kill-and-resume check is in test_accelerate_surface.py
 def test_checkpointing_killed_mid_epoch_and_resumed_is_bitwise_uninterrupted(tmp_path):
     _resume_is_bitwise(tmp_path, 1)
 
@@ -148,9 +149,9 @@ def _models_agree(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], tol: f
         torch.testing.assert_close(b[key], value, atol=tol, rtol=0, msg=key)
 
 
-# each case starts two interpreters (mmvl's run and Accelerate's): one stays in the fast suite
-@pytest.mark.parametrize("name", [n if n == "gradient_accumulation" else pytest.param(n, marks=pytest.mark.slow)
-                                  for n in FEATURES])
+# each case starts two interpreters (mmvl's run and Accelerate's): slow; only the import-line check stays fast
+@pytest.mark.slow
+@pytest.mark.parametrize("name", FEATURES)
 def test_one_process_in_dataset_order_ends_where_accelerate_ends(tmp_path, name):
     args = [*FEATURES[name][0], "--cpu", "--no_shuffle", "--output_dir"]
     run(ported(PORTS / f"{name}.py", tmp_path / "port"), *args, str(tmp_path / "mmvl"))
