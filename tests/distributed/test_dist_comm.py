@@ -94,6 +94,7 @@ def _crash_rank1_while_rank0_hangs(env):
     time.sleep(600)  # never reaches a collective: only the launcher can end it
 
 
+@pytest.mark.slow  # starts and kills processes: with the slow tests, which CI runs too
 def test_launcher_fails_fast_on_a_crashed_rank(launch):
     from dist_launch import GRACE_S, LaunchError
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from tests.fixtures.faults import ROOT, child_env, free_port
 from tests.fixtures.toy import toy_opts
 
@@ -53,6 +55,7 @@ def _torchrun(*opts: str) -> subprocess.CompletedProcess:
     return subprocess.run(argv, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow  # starts and kills processes: with the slow tests, which CI runs too
 def test_a_rank_ends_cleanly_with_gloo_work_in_flight(tmp_path):
     package = tmp_path / "mmvl_gloo_lag"
     package.mkdir()

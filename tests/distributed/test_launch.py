@@ -43,6 +43,7 @@ def _mmvl_run(opts: list[str], faults: list | None = None) -> subprocess.Complet
                           capture_output=True, text=True, timeout=LIMIT_S)
 
 
+@pytest.mark.slow  # starts and kills processes: with the slow tests, which CI runs too
 def test_world_size_starts_processes_like_torchrun_and_restarts(tmp_path):
     user_dir = _user_dir(tmp_path)
     # rank 1 dies like an OOM kill during update 5 of the first attempt; the agent restarts both
