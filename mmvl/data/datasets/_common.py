@@ -22,6 +22,7 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import Dataset
 
+from mmvl.data.datasets.image_files import check_policy, decode_image, readable_rows
 from mmvl.config.access import plain
 from mmvl.config.components import accepts, build_component, component_spec
 from mmvl.data import jsonstream
@@ -34,7 +35,6 @@ from mmvl.registry import PROCESSORS
 
 log = logging.getLogger("mmvl")
 
-BAD_IMAGE_POLICIES = ("error", "skip")
 _PLAIN_PIXELS = TorchvisionTransforms()  # float C x H x W in [0, 1] when no image_processor is set
 
 
@@ -127,65 +127,6 @@ def build_processor(spec: Any, dataset: str, key: str, **extra: Any) -> Any:
 
 
 # -- images ------------------------------------------------------------------------------------
-def check_policy(value: Any, dataset: str) -> str:
-    value = str(value)
-    if value not in BAD_IMAGE_POLICIES:
-        raise UserError(f"{dataset}: on_bad_image={value!r}; use 'error' or 'skip'.")
-    return value
-
-
-def image_is_readable(path: Path) -> bool:
-    """Cheap check (file exists and PIL recognises its header); full decoding happens on use."""
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(path) as img:
-            img.size  # noqa: B018  (header only)
-        return True
-    except (OSError, UnidentifiedImageError, ValueError):
-        return False
-
-
-def readable_rows(records: Table, path_of: Callable[[int], Path], dataset: str, split: str,
-                  policy: str) -> np.ndarray | None:
-    """With ``skip``: the rows whose image can be read (None when all can), logging how many were dropped.
-
-    With ``error``: only check the first image (a wrong folder fails at once, naming the path);
-    every other image is checked when it is decoded.
-    """
-    if not len(records):
-        return None
-    if policy == "error":
-        first = path_of(0)
-        if not first.is_file():
-            raise UserError(f"{dataset} {split}: image {str(first)!r} does not exist; check the images folder in "
-                            f"dataset_config.{dataset}, or set on_bad_image: skip to drop missing images.")
-        return None
-    verdict: dict[Path, bool] = {}
-    kept, bad = [], []
-    for row in range(len(records)):
-        p = path_of(row)
-        if p not in verdict:
-            verdict[p] = image_is_readable(p)
-        (kept if verdict[p] else bad).append(row)
-    if bad:
-        log.warning("%s %s: skipped %d of %d samples whose image is missing or unreadable (e.g. %s)",
-                    dataset, split, len(bad), len(records), path_of(bad[0]))
-    if not kept:
-        raise UserError(f"{dataset} {split}: none of the {len(records)} images can be read (e.g. "
-                        f"{str(path_of(0))!r}); check the images folder.")
-    return np.asarray(kept, dtype=np.int64) if bad else None
-
-
-def decode_image(path: Path) -> Any:
-    """An RGB PIL image; raises OSError/ValueError when the file cannot be decoded."""
-    from PIL import Image
-
-    with Image.open(path) as img:
-        img.load()
-        return img.convert("RGB")
-
-
 class ImageLoading:
     """Mixin for datasets whose items hold ``image`` (transformed pixels) or region ``features``.
 
