@@ -17,7 +17,7 @@ def cli_main(fn: Callable[[list[str]], int], argv: list[str], doc: str = "") -> 
     from mmvl.errors import UserError
 
     try:
-        return fn(opts)
+        return fn(launcher_free(opts))
     except UserError as e:
         if debug:
             raise
@@ -33,6 +33,17 @@ def cli_main(fn: Callable[[list[str]], int], argv: list[str], doc: str = "") -> 
     except KeyboardInterrupt:
         print("mmvl: interrupted", file=sys.stderr)
         return 130
+
+
+def launcher_free(opts: list[str]) -> list[str]:
+    """``opts`` without the ``--local-rank=N`` that ``python -m torch.distributed.launch`` adds (the
+    MMF guide's launch line); its rank becomes ``LOCAL_RANK`` when the launcher did not set that."""
+    from mmvl.distributed.init import split_local_rank
+
+    rest, local_rank = split_local_rank(opts)
+    if local_rank is not None:
+        os.environ.setdefault("LOCAL_RANK", str(local_rank))
+    return rest
 
 
 def command(fn: Callable[[], int]) -> NoReturn:

@@ -73,12 +73,44 @@ def _backend(config: Any, cuda: bool) -> str:
     return backend
 
 
+#: the flags ``torch.distributed.launch`` appends to a worker's arguments (newer, older spelling)
+LOCAL_RANK_FLAGS = ("--local-rank", "--local_rank")
+
+
+def split_local_rank(argv: list[str]) -> tuple[list[str], int | None]:
+    """``argv`` without ``torch.distributed.launch``'s ``--local-rank=N`` / ``--local_rank N`` (either
+    spelling, one or two tokens) and the rank it gave (None: not given). Why: that launcher passes
+    the flag to every worker, and a command reading ``key=value`` pairs must not take it for a key."""
+    rest: list[str] = []
+    found: int | None = None
+    items = iter(argv)
+    for arg in items:
+        name, eq, value = arg.partition("=")
+        if name not in LOCAL_RANK_FLAGS:
+            rest.append(arg)
+            continue
+        if not eq:
+            value = next(items, "")
+        if not value.isdigit():
+            raise UserError(f"{name}={value!r} is not a local rank; torch.distributed.launch passes "
+                            f"{name}=N with N a whole number (0, 1, ...).")
+        found = int(value)
+    return rest, found
+
+
+def argv_local_rank() -> int | None:
+    """The local rank ``torch.distributed.launch`` put on this process's command line, if any."""
+    return split_local_rank(sys.argv[1:])[1]
+
+
 def detect_launcher(config: Any, env: Mapping[str, str]) -> dict[str, Any] | None:
-    """Rank layout from torchrun, SLURM or ``distributed.init_method``; ``None`` for one process."""
+    """Rank layout from torchrun (or ``torch.distributed.launch``, whose ``--local-rank`` flag stands
+    in for ``LOCAL_RANK``), SLURM or ``distributed.init_method``; ``None`` for one process."""
     if "RANK" in env and "WORLD_SIZE" in env:
         world = int(env["WORLD_SIZE"])
+        local = env.get("LOCAL_RANK")
         return {"source": "torchrun", "rank": int(env["RANK"]), "world_size": world,
-                "local_rank": int(env.get("LOCAL_RANK", 0)),
+                "local_rank": int(local) if local is not None else (argv_local_rank() or 0),
                 "local_world_size": int(env.get("LOCAL_WORLD_SIZE", world)), "init_method": "env://"}
     init_method = config_value(config, "distributed.init_method")
     slurm = detect_slurm(config_value(config, "distributed.port"), env)
