@@ -35,6 +35,9 @@ Contracts (what the looked-up object is called with, and returns):
 - ``MULTITASKING``: ``fn(sizes: {dataset: samples}, params) -> weights | None`` (``multitasking.type``:
   how the next training batch's dataset is drawn; None: round robin); ``fn.params`` names the
   ``multitasking.params`` it reads.
+- ``TRACKERS``: ``cls(project_name, logging_dir, **init_kwargs)``; a
+  :class:`mmvl.tracking.base.Tracker` (``training.trackers``, ``Engine(log_with=...)``), made on the
+  main process only; it imports its package when made, never at registration.
 - ``IMAGE_ENCODERS``: ``cls(**params)``; an ``nn.Module`` turning pixels
   ``B x 3 x H x W`` into a grid ``B x out_dim x h x w`` (``model_config.<model>.image_encoder``).
 
@@ -134,11 +137,12 @@ CALLBACKS = Registry("callback")
 STRATEGIES = Registry("strategy")
 IMAGE_ENCODERS = Registry("image_encoder")
 MULTITASKING = Registry("multitasking")
+TRACKERS = Registry("tracker")
 
 ALL: dict[str, Registry] = {
     r.kind: r
     for r in (MODELS, DATASETS, PROCESSORS, LOSSES, METRICS, OPTIMIZERS, SCHEDULERS,
-              TRAINERS, CALLBACKS, STRATEGIES, IMAGE_ENCODERS, MULTITASKING)
+              TRAINERS, CALLBACKS, STRATEGIES, IMAGE_ENCODERS, MULTITASKING, TRACKERS)
 }
 
 register_model = MODELS.register
@@ -154,3 +158,4 @@ register_callback = CALLBACKS.register
 register_strategy = STRATEGIES.register
 register_image_encoder = IMAGE_ENCODERS.register
 register_multitasking = MULTITASKING.register
+register_tracker = TRACKERS.register

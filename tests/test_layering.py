@@ -21,7 +21,7 @@ LAYERS: dict[str, int] = {
     "mmvl.distributed": 3, "mmvl.losses": 3, "mmvl.runs": 3,
     "mmvl.data": 4, "mmvl.metrics": 4, "mmvl.optim": 4, "mmvl.plots": 4,
     "mmvl.models": 5,
-    "mmvl.checkpoint": 6,
+    "mmvl.checkpoint": 6, "mmvl.tracking": 6,
     "mmvl.engine": 7,
     "mmvl.trainers": 8, "mmvl.build": 8,
     "mmvl": 9,  # the package itself: ``import mmvl`` registers every built-in

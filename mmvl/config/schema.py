@@ -89,11 +89,13 @@ class Training:
     clip_grad_norm: Optional[float] = knob(None)
     gradient_checkpointing: bool = knob(False)
     early_stop: EarlyStop = sub(EarlyStop, safe=True)
-    builtin_callbacks: list = knob(["profiler", "logging", "tensorboard", "curves", "evaluation", "early_stop",
+    builtin_callbacks: list = knob(["profiler", "logging", "trackers", "curves", "evaluation", "early_stop",
                                     "checkpoint", "preemption"], safe=True)
     callbacks: list = knob([], safe=True)
     exit_on_nan: bool = knob(True, safe=True)
     progress_bar: bool = knob(True, safe=True)
+    trackers: list = knob(["tensorboard"], safe=True, registry="tracker")
+    tracker_project: str = knob("mmvl", safe=True, required=True)
     tensorboard: Union[str, bool] = knob("auto", safe=True, choices=TENSORBOARD)
     curves: bool = knob(True, safe=True)
     device: str = knob("auto", safe=True)
@@ -185,6 +187,8 @@ class Env:
     data_dir: str = knob("${env:MMVL_DATA_DIR,./data}", required=True)
     cache_dir: Optional[str] = knob("${env:MMVL_CACHE_DIR,null}")
     user_dir: Optional[str] = knob("${env:MMVL_USER_DIR,null}")
+    tensorboard_logdir: Optional[str] = knob(None)
+    wandb_logdir: Optional[str] = knob(None)
 
 
 @dataclasses.dataclass

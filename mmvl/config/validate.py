@@ -215,6 +215,10 @@ def _check_choice(path: str, value: Any, source: str) -> None:
 def _check_registered(path: str, value: Any, source: str) -> None:
     """``value`` is a registered name of the key's kind (or one of its extra values)."""
     kind, extra = REGISTERED[path]
+    if isinstance(value, list) and not extra:  # a list of names (training.trackers): each registered
+        for item in value:
+            _check_registered(path, item, source)
+        return
     if any(value == a and type(value) is type(a) for a in extra):
         return
     reg = registry.ALL[kind]

@@ -23,8 +23,6 @@ from mmvl.utils.rng import seed_everything
 
 #: Accelerate's ``mixed_precision`` names -> mmvl's ``training.precision`` names
 MIXED_PRECISION = {"no": "fp32", "fp16": "fp16", "bf16": "bf16"}
-TRACKERS_LATER = ("trackers arrive with training.trackers (the launch-and-track issue); until then, "
-                  "construct the Engine without log_with and log with your own writer on the main process.")
 
 
 class DistributedType(str, enum.Enum):
@@ -91,14 +89,12 @@ def find_executable_batch_size(function: Callable | None = None, starting_batch_
 
 
 def accelerate_keywords(*, precision: str | None, gradient_accumulation: int | None, mixed_precision: str | None,
-                        gradient_accumulation_steps: int | None, cpu: bool, device: Any,
-                        log_with: Any) -> tuple[str | None, int | None, Any]:
+                        gradient_accumulation_steps: int | None, cpu: bool,
+                        device: Any) -> tuple[str | None, int | None, Any]:
     """Accelerate's constructor keywords as mmvl's settings: ``(precision, gradient_accumulation, device)``.
 
     Each is the same setting under a second name; two values of one setting are refused.
     """
-    if log_with is not None:
-        raise UserError(f"Engine(log_with={log_with!r}): {TRACKERS_LATER}")
     if mixed_precision is not None:
         if mixed_precision not in MIXED_PRECISION:
             raise UserError(f"Engine(mixed_precision={mixed_precision!r}) is not one of "

@@ -12,10 +12,10 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from mmvl import io
+from mmvl import io, tracking
 from mmvl.checkpoint import schema
 from mmvl.distributed import comm
-from mmvl.engine.accelerate import MIXED_PRECISION, TRACKERS_LATER, DistributedType
+from mmvl.engine.accelerate import MIXED_PRECISION, DistributedType
 from mmvl.engine.loaders import PreparedLoader, SkippedLoader
 from mmvl.engine.prepared import inner
 from mmvl.errors import UserError
@@ -33,6 +33,8 @@ class AcceleratorMembers:
     #: the prepared loader that yielded the latest batch (gather_for_metrics and accumulate read it)
     active_loader: PreparedLoader | None = None
     project_dir: str | None = None
+    log_with: list[Any]
+    trackers: list[tracking.Tracker]
 
     # -- processes ----------------------------------------------------------------
     @property
@@ -135,9 +137,13 @@ class AcceleratorMembers:
         yield _split(inputs, self.env.rank, self.env.world_size, apply_padding)
 
     def end_training(self) -> None:
-        """Every rank meets, then leaves the process group (as Accelerate does)."""
+        """The trackers flush and close (main process), then every rank meets and leaves the
+        process group (as Accelerate does)."""
         from mmvl.distributed.init import destroy
 
+        for tracker in self.trackers:
+            tracker.finish()
+        self.trackers = []
         if comm.is_initialized():
             comm.synchronize()
         destroy()
@@ -307,12 +313,32 @@ class AcceleratorMembers:
             self.scaler.unscale_(inner(self.prepared_optimizer))
             self.grads_unscaled = True
 
-    # -- trackers (another issue) ----------------------------------------------------
-    def init_trackers(self, *args: Any, **kwargs: Any) -> None:
-        raise UserError(f"init_trackers: {TRACKERS_LATER}")
+    # -- trackers ------------------------------------------------------------------------
+    def init_trackers(self, project_name: str, config: dict[str, Any] | None = None,
+                      init_kwargs: dict[str, dict[str, Any]] | None = None) -> None:
+        """Start a run of every ``log_with`` tracker on the main process, files under ``project_dir``
+        (else the working folder); ``config`` is recorded as the run's hyperparameters."""
+        if not self.is_main_process:
+            return
+        self.trackers = tracking.start(self.log_with, project_name, self.project_dir or ".", init_kwargs)
+        if config is not None:
+            for tracker in self.trackers:
+                tracker.store_init_configuration(config)
 
-    def log(self, *args: Any, **kwargs: Any) -> None:
-        raise UserError(f"log: {TRACKERS_LATER}")
+    def log(self, values: dict[str, Any], step: int | None = None) -> None:
+        """Log ``values`` (numbers, texts, mappings of numbers) to every tracker (main process only)."""
+        for tracker in self.trackers:
+            tracker.log(values, step)
+
+    def get_tracker(self, name: str, unwrap: bool = False) -> Any:
+        """The started tracker ``name`` (``unwrap``: its backend's own object); None off the main process."""
+        for tracker in self.trackers:
+            if tracker.name == name:
+                return tracker.tracker if unwrap else tracker
+        if not self.is_main_process:
+            return None
+        started = ", ".join(t.name for t in self.trackers) or "none (call init_trackers first)"
+        raise UserError(f"get_tracker({name!r}): no such tracker was started; started: {started}.")
 
 
 def _split(inputs: Any, rank: int, world: int, pad: bool) -> Any:

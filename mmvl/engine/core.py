@@ -51,6 +51,7 @@ from mmvl.engine.accelerator import AcceleratorMembers
 from mmvl.engine.loaders import PreparedLoader
 from mmvl.engine.prepared import PreparedOptimizer, PreparedScheduler, inner, rebind_scheduler
 from mmvl.errors import UserError
+from mmvl import tracking
 from mmvl.utils.precision import compute_dtype
 
 
@@ -70,11 +71,16 @@ class Engine(AcceleratorMembers):
                  log_with: Any = None):
         """``device``: ``auto`` (CUDA when present), ``cpu``, ``cuda`` or ``cuda:N`` (one process),
         as ``training.device``; ``prefetch``: as ``training.prefetch`` (default true);
-        ``project_dir``: where ``save_state()`` without a folder writes ``checkpoints/checkpoint_<n>``."""
+        ``project_dir``: where ``save_state()`` without a folder writes ``checkpoints/checkpoint_<n>``
+        and trackers write their files; ``log_with``: ``"all"``, a tracker name or a list (see
+        :mod:`mmvl.tracking`)."""
         precision, gradient_accumulation, device = accelerate_keywords(
             precision=precision, gradient_accumulation=gradient_accumulation, mixed_precision=mixed_precision,
-            gradient_accumulation_steps=gradient_accumulation_steps, cpu=cpu, device=device, log_with=log_with)
+            gradient_accumulation_steps=gradient_accumulation_steps, cpu=cpu, device=device)
         self.project_dir = None if project_dir is None else str(project_dir)
+        #: the trackers ``log_with`` names (checked here, on every rank); made by ``init_trackers``
+        self.log_with = tracking.resolve(log_with, f"Engine(log_with={log_with!r})")
+        self.trackers: list[tracking.Tracker] = []
         self._loader_names: list[str] = []
         config = config if config is not None else OmegaConf.create({})
         if device is not None:

@@ -27,7 +27,7 @@ def test_accelerator_is_the_engine_and_keywords_are_the_same_settings():
 @pytest.mark.parametrize("kwargs, match", [
     (dict(precision="fp16", mixed_precision="bf16"), "one setting twice"),
     (dict(gradient_accumulation=2, gradient_accumulation_steps=4), "one setting twice"),
-    (dict(log_with="tensorboard"), "training.trackers"),
+    (dict(log_with="tensorbord"), "unknown tracker .tensorbord.*tensorboard"),
     (dict(mixed_precision="fp8"), "fp8"),
 ])
 def test_conflicting_or_unsupported_keywords_are_one_clear_error(kwargs, match):

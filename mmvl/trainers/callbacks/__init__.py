@@ -10,7 +10,7 @@ from mmvl.trainers.callbacks.evaluation import EvaluationCallback
 from mmvl.trainers.callbacks.logging import LoggingCallback
 from mmvl.trainers.callbacks.preemption import PreemptionCallback
 from mmvl.trainers.callbacks.profiler import ProfilerCallback
-from mmvl.trainers.callbacks.tensorboard import TensorBoardCallback
+from mmvl.trainers.callbacks.trackers import TrackersCallback
 
 __all__ = ["Callback", "CheckpointCallback", "CurvesCallback", "EarlyStopCallback", "EvaluationCallback",
-           "LoggingCallback", "PreemptionCallback", "ProfilerCallback", "TensorBoardCallback"]
+           "LoggingCallback", "PreemptionCallback", "ProfilerCallback", "TrackersCallback"]
