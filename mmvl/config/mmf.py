@@ -38,6 +38,7 @@ RENAMED: dict[str, tuple[str, dict[Any, Any] | None]] = {
         ("dataset_config.*.processors.*.params.tokenizer_path", None),
     "dataset_config.*.processors.*.params.tokenizer_config.params.do_lower_case":
         ("dataset_config.*.processors.*.params.do_lower_case", None),
+    "training.wandb.project": ("training.tracker_project", None),
 }
 #: MMF key -> the values that mean what mmvl always does; other values go to ``_switch``
 ABSORBED: dict[str, tuple[Any, ...]] = {
@@ -47,6 +48,7 @@ ABSORBED: dict[str, tuple[Any, ...]] = {
     "training.clip_gradients": (),  # with max_grad_l2_norm: training.clip_grad_norm
     "training.max_grad_l2_norm": (),
     "model_config.*.training_head_type": ("classification",),  # models without a pretraining head
+    "training.wandb.enabled": (False,),  # true: wandb joins training.trackers
 }
 #: MMF keys mmvl has no use for (a key names its whole subtree)
 UNUSED: tuple[str, ...] = (
@@ -60,7 +62,6 @@ UNUSED: tuple[str, ...] = (
     "evaluation.use_cpu", "evaluation.predict_file_format", "evaluation.reporter",
     "optimizer.allow_unused_parameters",
     "env.dataset_zoo", "env.model_zoo", "env.log_dir", "env.report_dir",
-    "env.tensorboard_logdir", "env.wandb_logdir",
     "distributed.no_spawn",
     "checkpoint.resume_zoo", "checkpoint.zoo_config_override", "checkpoint.save_git_details", "checkpoint.reset",
     "model_config.*.special_visual_initialize", "model_config.*.embedding_strategy",
@@ -116,7 +117,7 @@ def translate(layer: dict[str, Any], base: dict[str, Any], source: str,
             continue
         rule = _match(path, ABSORBED)
         if rule is not None:
-            if value not in rule[1] and not _switch(path, value, layer, out):
+            if value not in rule[1] and not _switch(path, value, layer, out, base):
                 unused.append((f"{'.'.join(path)}={value}", source))
             continue
         rule = _match(path, dict.fromkeys(UNUSED))
@@ -141,11 +142,16 @@ def warn_unused(unused: list[tuple[str, str]]) -> None:
 
 
 # -- MMF switches that set another key -----------------------------------------------------------
-def _switch(path: Path_, value: Any, layer: dict[str, Any], out: dict[str, Any]) -> bool:
+def _switch(path: Path_, value: Any, layer: dict[str, Any], out: dict[str, Any], base: dict[str, Any]) -> bool:
     """Put the mmvl equivalent of an MMF switch into ``out``; False when there is none."""
     training = layer.get("training") if isinstance(layer.get("training"), dict) else {}
     if path == ("training", "lr_scheduler") and value is False:
         _put(out, ("scheduler", "type"), None)  # MMF ignores the scheduler block then
+        return True
+    if path == ("training", "wandb", "enabled") and value is True:
+        # the layer's own trackers, else the shipped ones (defaults.yaml and the model/dataset YAMLs)
+        trackers = list(training.get("trackers") or (base.get("training") or {}).get("trackers") or [])
+        _put(out, ("training", "trackers"), [*trackers, *(["wandb"] if "wandb" not in trackers else [])])
         return True
     if path == ("training", "clip_gradients") and value is False:
         _put(out, ("training", "clip_grad_norm"), None)
