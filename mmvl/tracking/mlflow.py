@@ -5,6 +5,10 @@ The store is ``init_kwargs["tracking_uri"]``, else ``MLFLOW_TRACKING_URI``, else
 MLflow 3 refuses a file store unless ``MLFLOW_ALLOW_FILE_STORE`` is true, so this tracker sets
 that variable for the file store it chose. Open it with ``mlflow ui --backend-store-uri <uri>``.
 Everything goes through one ``MlflowClient``, so no global active run is left behind.
+
+A file store keeps each metric in a file named by its key, so ``val/toy/accuracy`` (a file) and
+``val/toy/accuracy/even`` (a file inside it) cannot both exist: there, metric keys are written with
+``.`` for ``/`` (:func:`metric_key`), as ``val.toy.accuracy`` and ``val.toy.accuracy.even``.
 """
 from __future__ import annotations
 
@@ -19,6 +23,11 @@ from mmvl.tracking.base import Tracker, Value, flat, numbers
 log = logging.getLogger("mmvl")
 #: MLflow's limits: parameters per ``log_batch`` call, characters of a parameter's value
 BATCH, VALUE_CHARS = 100, 6000
+
+
+def metric_key(key: str, uri: str) -> str:
+    """``key`` as this store can hold it (``/`` -> ``.`` in a file store, see above)."""
+    return key.replace("/", ".") if uri.startswith("file:") else key
 
 
 @register_tracker("mlflow")
@@ -62,7 +71,7 @@ class MLflowTracker(Tracker):
         for key, value in values.items():  # a mapping of numbers: one metric per entry, key/entry
             if isinstance(value, Mapping):
                 scalars.update({f"{key}/{k}": v for k, v in numbers(value).items()})
-        metrics = [Metric(k, v, now, int(step or 0)) for k, v in scalars.items()]
+        metrics = [Metric(metric_key(k, self.uri), v, now, int(step or 0)) for k, v in scalars.items()]
         if metrics:
             self.client.log_batch(self.run_id, metrics=metrics)
 
