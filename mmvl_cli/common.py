@@ -7,17 +7,20 @@ import sys
 from typing import Any, Callable, NoReturn
 
 
-def cli_main(fn: Callable[[list[str]], int], argv: list[str], doc: str = "") -> int:
-    """Run ``fn(opts)``; a UserError prints one line and returns 2 (``--debug`` shows the traceback)."""
-    debug = "--debug" in argv or os.environ.get("MMVL_DEBUG", "") not in ("", "0")
-    opts = [a for a in argv if a != "--debug"]
+def cli_main(fn: Callable[[list[str]], int], argv: list[str], doc: str = "", raw: bool = False) -> int:
+    """Run ``fn(opts)``; a UserError prints one line and returns 2 (``--debug`` shows the traceback).
+
+    ``raw``: ``argv`` reaches ``fn`` as given (``mmvl_launch``, whose arguments end with the user
+    script's own, which may use ``--debug`` or ``--local-rank`` themselves); MMVL_DEBUG=1 still works."""
+    debug = (not raw and "--debug" in argv) or os.environ.get("MMVL_DEBUG", "") not in ("", "0")
+    opts = argv if raw else [a for a in argv if a != "--debug"]
     if opts and opts[0] in ("-h", "--help"):
         print(doc.strip())
         return 0
     from mmvl.errors import UserError
 
     try:
-        return fn(launcher_free(opts))
+        return fn(opts if raw else launcher_free(opts))
     except UserError as e:
         if debug:
             raise

@@ -12,12 +12,14 @@ import enum
 import functools
 import gc
 import inspect
+import os
 import re
 from typing import Any, Callable
 
 import torch
 
 from mmvl.distributed import comm
+from mmvl.distributed.launch_script import MIXED_PRECISION_ENV
 from mmvl.errors import UserError
 from mmvl.utils.rng import seed_everything
 
@@ -114,6 +116,18 @@ def accelerate_keywords(*, precision: str | None, gradient_accumulation: int | N
             raise UserError(f"Engine(cpu=True, device={device!r}) contradict each other; pass one of them.")
         device = "cpu"
     return precision, gradient_accumulation, device
+
+
+def launched_precision() -> str | None:
+    """The precision ``mmvl_launch --mixed_precision`` (or its config file) chose for this process,
+    as mmvl names it; None when it was not launched so."""
+    value = os.environ.get(MIXED_PRECISION_ENV)
+    if not value:
+        return None
+    if value not in MIXED_PRECISION:
+        raise UserError(f"{MIXED_PRECISION_ENV}={value!r} is not one of {', '.join(MIXED_PRECISION)}; "
+                        "fix mmvl_launch --mixed_precision or its config file.")
+    return MIXED_PRECISION[value]
 
 
 def to_fp32(value: Any) -> Any:

@@ -1,0 +1,14 @@
+"""A script for ``mmvl_launch`` tests: each process writes what its Engine saw to <out>/rank_<r>.json."""
+import json
+import os
+import sys
+
+from mmvl.engine import Accelerator
+
+accelerator = Accelerator(cpu=True)  # no mixed_precision of its own: the launch's applies
+out = sys.argv[1]
+os.makedirs(out, exist_ok=True)
+with open(os.path.join(out, f"rank_{accelerator.process_index}.json"), "w") as f:
+    json.dump({"num_processes": accelerator.num_processes, "mixed_precision": accelerator.mixed_precision,
+               "argv": sys.argv[2:]}, f)
+accelerator.end_training()
