@@ -26,8 +26,9 @@ Options:
                      a mistake prints one line naming the value and the fix, exit code 2
   -h, --help         this text
 
-Outputs go to env.save_dir: config.yaml, train.log, metrics.jsonl, checkpoints/,
-tensorboard/, curves.png (compare runs with mmvl_plot).
+Outputs go to env.save_dir: config.yaml, train.log, metrics.jsonl, checkpoints/, curves.png
+(compare runs with mmvl_plot), and the training.trackers' files: tensorboard/, wandb/, mlruns/.
+Under `python -m torch.distributed.launch` the --local-rank=N it adds is taken as the local rank.
 
 Examples:
   # the demo: a Relation Network on generated Sort-of-CLEVR, a few minutes on 2 CPU cores

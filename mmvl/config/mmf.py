@@ -54,7 +54,7 @@ ABSORBED: dict[str, tuple[Any, ...]] = {
 UNUSED: tuple[str, ...] = (
     "config", "config_version", "trainer",
     "training.experiment_name", "training.logger_level", "training.log_format", "training.log_detailed_config",
-    "training.should_not_log", "training.colored_logs", "training.cudnn_benchmark", "training.wandb",
+    "training.should_not_log", "training.cudnn_benchmark", "training.wandb",
     "training.batch_size_per_device", "training.fast_read", "training.dataset_size_proportional_sampling",
     "training.clip_norm_mode", "training.lr_steps", "training.lr_ratio",
     "training.use_warmup", "training.warmup_factor", "training.warmup_iterations", "training.local_rank",

@@ -94,6 +94,7 @@ class Training:
     callbacks: list = knob([], safe=True)
     exit_on_nan: bool = knob(True, safe=True)
     progress_bar: bool = knob(True, safe=True)
+    colored_logs: bool = knob(True, safe=True)
     trackers: list = knob(["tensorboard"], safe=True, registry="tracker")
     tracker_project: str = knob("mmvl", safe=True, required=True)
     tensorboard: Union[str, bool] = knob("auto", safe=True, choices=TENSORBOARD)

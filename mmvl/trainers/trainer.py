@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from mmvl import registry
 from mmvl.config import save_config
+from mmvl.config.access import config_value
 from mmvl.config.load import check_config_file
 from mmvl.config.schema import stages
 from mmvl.utils.logger import setup_logging
@@ -77,7 +78,7 @@ class Trainer:
             check_config_file(os.path.join(str(config.env.save_dir), "config.yaml"))  # before any work
 
         comm.on_main_agreed(own_save_dir, "own env.save_dir")
-        setup_logging(str(config.env.save_dir), self.env.rank)
+        setup_logging(str(config.env.save_dir), self.env.rank, bool(config_value(config, "training.colored_logs")))
         seed_everything(int(t.seed))  # identical model initialisation on every rank
         self.engine = Engine(config, env=self.env)
         world = self.env.world_size

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 
 from tqdm import tqdm
 
@@ -15,17 +16,38 @@ class _TqdmHandler(logging.Handler):
             self.handleError(record)
 
 
-def setup_logging(save_dir: str | None, rank: int) -> logging.Logger:
-    """Configure the ``mmvl`` logger once per run; non-main ranks only log warnings."""
+#: ANSI colours of the level names on a terminal (``training.colored_logs``)
+COLOURS = {"DEBUG": "\033[36m", "INFO": "\033[32m", "WARNING": "\033[33m", "ERROR": "\033[31m",
+           "CRITICAL": "\033[1;31m"}
+RESET = "\033[0m"
+FORMAT, DATE_FORMAT = "%(asctime)s | %(levelname)s | %(message)s", "%Y-%m-%dT%H:%M:%S"
+
+
+class ColouredFormatter(logging.Formatter):
+    """The level name in its colour; the record itself is left as it was (train.log stays plain)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        plain = record.levelname
+        record.levelname = f"{COLOURS.get(plain, '')}{plain}{RESET}"
+        try:
+            return super().format(record)
+        finally:
+            record.levelname = plain
+
+
+def setup_logging(save_dir: str | None, rank: int, colored: bool = False) -> logging.Logger:
+    """Configure the ``mmvl`` logger once per run; non-main ranks only log warnings. ``colored``:
+    colour the level names on the console when it is a terminal (never in train.log)."""
     logger = logging.getLogger("mmvl")
     for h in list(logger.handlers):
         logger.removeHandler(h)
         h.close()
     logger.propagate = False
     logger.setLevel(logging.INFO if rank == 0 else logging.WARNING)
-    fmt = logging.Formatter("%(asctime)s | %(levelname)s | %(message)s", "%Y-%m-%dT%H:%M:%S")
+    fmt = logging.Formatter(FORMAT, DATE_FORMAT)
     console = _TqdmHandler()
-    console.setFormatter(fmt)
+    terminal = bool(getattr(sys.stdout, "isatty", lambda: False)())  # tqdm.write prints to stdout
+    console.setFormatter(ColouredFormatter(FORMAT, DATE_FORMAT) if colored and terminal else fmt)
     logger.addHandler(console)
     if rank == 0 and save_dir:
         os.makedirs(save_dir, exist_ok=True)

@@ -102,7 +102,8 @@ def test_an_mmf_include_without_an_mmvl_equivalent_is_one_clear_error(tmp_path):
 def test_mmf_only_keys_are_listed_in_one_warning_line(tmp_path, caplog):
     user = tmp_path / "mmf_extras.yaml"
     user.write_text(yaml.safe_dump({
-        "training": {"logger_level": "info", "wandb": {"enabled": False, "project": "mmf"}, "seed": 3},
+        "training": {"logger_level": "info", "wandb": {"enabled": False, "project": "mmf", "entity": "me"},
+                     "seed": 3},
         "trainer": {"type": "lightning", "params": {"gpus": 1}},
         "model_config": {"visual_bert": {"bypass_transformer": False, "hidden_size": 64}},
         "dataset_config": {"vqa2": {"use_ocr": False, "return_features_info": False}},
@@ -111,6 +112,7 @@ def test_mmf_only_keys_are_listed_in_one_warning_line(tmp_path, caplog):
         cfg = load_config(["model=visual_bert", "datasets=vqa2", f"config={user}",
                            "model_config.visual_bert.embedding_strategy=plain"])
     assert cfg.training.seed == 3 and cfg.model_config.visual_bert.hidden_size == 64  # mmvl's keys kept
+    assert cfg.training.tracker_project == "mmf" and list(cfg.training.trackers) == ["tensorboard"]  # mapped
     assert len(caplog.records) == 1 and "\n" not in caplog.records[0].getMessage()
     message = caplog.records[0].getMessage()
     for key in ("training.logger_level", "training.wandb", "trainer", "model_config.visual_bert.bypass_transformer",
