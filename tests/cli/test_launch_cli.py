@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
 from omegaconf import OmegaConf
 
@@ -18,7 +17,6 @@ from mmvl.distributed.launch_script import DEFAULT_PORT, MIXED_PRECISION_ENV, re
 from mmvl.engine import Engine
 from mmvl.errors import UserError
 from mmvl_cli import launch
-from tests.engine.test_ports import PORTS, ported
 from tests.fixtures.faults import child_env, communicate
 
 PROBE = Path(__file__).resolve().parent / "launch_probe.py"
@@ -111,21 +109,8 @@ def _launch(*args: str) -> subprocess.CompletedProcess:
     return result
 
 
-@pytest.mark.slow  # three interpreters
-def test_num_processes_2_runs_a_port_script_that_ends_where_one_process_ends(tmp_path):
-    script = ported(PORTS / "tracking.py", tmp_path / "port")
-    common = ["--cpu", "--no_shuffle", "--output_dir"]
-    one = subprocess.run([sys.executable, str(script), "--batch_size", "8", *common, str(tmp_path / "one")],
-                         env=child_env(CUDA_VISIBLE_DEVICES=""), capture_output=True, text=True, timeout=240)
-    assert one.returncode == 0, one.stderr[-3000:]
-    _launch("--num_processes", "2", str(script), "--batch_size", "4", *common, str(tmp_path / "two"))
-    first, second = (torch.load(tmp_path / k / "model.pt", weights_only=True) for k in ("one", "two"))
-    for key, value in first.items():
-        torch.testing.assert_close(second[key], value, atol=1e-5, rtol=0, msg=key)
-    assert json.loads((tmp_path / "two" / "result.json").read_text())["accuracy"] == pytest.approx(
-        json.loads((tmp_path / "one" / "result.json").read_text())["accuracy"], abs=1e-6)
-
-
+# `mmvl_launch --num_processes 2` running a port script (the tracking one, ending where one process
+# ends) is tests/tracking/test_tracked_runs.py's two-process run; here: the config file's settings
 @pytest.mark.slow  # two worker interpreters
 def test_config_file_sets_processes_and_mixed_precision(tmp_path):
     config = tmp_path / "launch.yaml"

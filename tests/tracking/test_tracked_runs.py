@@ -1,6 +1,7 @@
 """What TensorBoard, W&B (offline) and MLflow hold after a run, read back with their own readers:
 the Engine running the tracking port script (as Accelerate's by_feature/tracking.py) against
-Accelerate itself, and the Trainer; at 1 and 2 processes, where only rank 0 writes. W&B and MLflow
+Accelerate itself, and the Trainer; at 1 and 2 processes (the Engine's under ``mmvl_launch``), where
+only rank 0 writes. W&B and MLflow
 take seconds to start, so every test here is slow."""
 from __future__ import annotations
 
@@ -34,11 +35,11 @@ NO_KEY = {"WANDB_API_KEY": None, "WANDB_MODE": None, "MLFLOW_TRACKING_URI": None
 
 
 def _script(script: Path, project: Path, *args: str, nproc: int = 1, **env: str | None) -> dict:
-    """The port script run with ``--with_tracking`` into ``project``; its result.json."""
+    """The port script run with ``--with_tracking`` into ``project``; its result.json and model."""
     command = [str(REFERENCE), str(script)] if script.parent == PORTS else [str(script)]
-    launcher = [sys.executable] if nproc == 1 else [
-        sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--nnodes=1",
-        "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--monitor-interval=0.2"]
+    # several processes: through mmvl_launch (as `accelerate launch` would start the original)
+    launcher = [sys.executable] if nproc == 1 else [sys.executable, "-m", "mmvl_cli.launch", "--num_processes",
+                                                    str(nproc), "--main_process_port", str(free_port())]
     environ = {k: v for k, v in child_env(CUDA_VISIBLE_DEVICES="", WANDB_CONSOLE="off").items() if k not in env}
     environ.update({k: v for k, v in env.items() if v is not None})
     out = project.parent / f"{project.name}_out"
@@ -47,7 +48,7 @@ def _script(script: Path, project: Path, *args: str, nproc: int = 1, **env: str 
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     result = communicate(popen, 300)
     assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads((out / "result.json").read_text())
+    return {**json.loads((out / "result.json").read_text()), "model": torch.load(out / "model.pt", weights_only=True)}
 
 
 def _by_step(logged: list[dict], key: str) -> dict[int, float]:
@@ -69,6 +70,7 @@ def _close(a: dict[int, float], b: dict[int, float]) -> None:
 
 
 def test_the_engine_tracks_what_accelerate_tracks_and_two_processes_write_once(tmp_path):
+    """Also ``mmvl_launch --num_processes 2`` running a port script: it ends where one process ends."""
     script = ported(PORTS / "tracking.py", tmp_path / "port")
     mine = _script(script, tmp_path / "mmvl", "--batch_size", "8", **NO_KEY)  # W&B offline by itself
     store = tmp_path / "acc" / "mlruns"
@@ -84,6 +86,8 @@ def test_the_engine_tracks_what_accelerate_tracks_and_two_processes_write_once(t
         for got in (tb[key], wb[key], ml[key], acc_tb[key], acc_ml[key]):
             _close(got, expected)
     assert wandb_config(wandb_runs(tmp_path / "mmvl")[0])["lr"] == pytest.approx(0.01)
+    for key, value in mine["model"].items():  # the same global batches: the same weights
+        torch.testing.assert_close(two["model"][key], value, atol=TOLERANCE, rtol=0, msg=key)
     tb2, wb2, ml2 = _one_run_each(tmp_path / "two", "tracking")  # rank 1 wrote nothing of its own
     for got in (tb2["accuracy"], wb2["accuracy"], ml2["accuracy"]):
         _close(got, _by_step(mine["logged"], "accuracy"))
