@@ -1,0 +1,73 @@
+"""Two machines for real: two network namespaces joined by a veth pair, one ``mmvl_launch
+--num_machines 2`` node in each, meeting at node 0's address (not 127.0.0.1); the run ends where
+one machine with the same global batch ends. Skipped, with the reason, where namespaces cannot be
+made (not root, no ``ip``)."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests.engine.test_ports import PORTS, ported
+from tests.fixtures.faults import child_env, communicate, free_port
+
+pytestmark = pytest.mark.slow
+#: the two nodes' addresses on their veth pair (a private /24 nothing else on the host uses)
+ADDRESSES = ("10.231.77.1", "10.231.77.2")
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, text=True, timeout=30)
+
+
+@pytest.fixture
+def namespaces():
+    """Two namespaces ``(name, interface)``, veth-joined, removed afterwards."""
+    if shutil.which("ip") is None or os.geteuid() != 0:
+        pytest.skip("two network namespaces need root and iproute2's `ip` (CI runs as root)")
+    tag = f"{os.getpid() % 100000}"
+    names, links = (f"mmvl{tag}a", f"mmvl{tag}b"), (f"mv{tag}a", f"mv{tag}b")
+    try:
+        for name in names:
+            _ip("netns", "add", name)
+        _ip("link", "add", links[0], "type", "veth", "peer", "name", links[1])
+        for name, link, address in zip(names, links, ADDRESSES):
+            _ip("link", "set", link, "netns", name)
+            _ip("-n", name, "addr", "add", f"{address}/24", "dev", link)
+            _ip("-n", name, "link", "set", link, "up")
+            _ip("-n", name, "link", "set", "lo", "up")
+    except subprocess.CalledProcessError as e:
+        for name in names:
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)
+        pytest.skip(f"cannot make network namespaces here: {e.stderr.strip()}")
+    yield list(zip(names, links))
+    for name in names:
+        subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+
+def test_two_machines_end_where_one_machine_ends(tmp_path, namespaces):
+    script = ported(PORTS / "tracking.py", tmp_path / "port")
+    common = ["--cpu", "--no_shuffle", "--output_dir"]
+    one = subprocess.run([sys.executable, str(script), "--batch_size", "8", *common, str(tmp_path / "one")],
+                         env=child_env(CUDA_VISIBLE_DEVICES=""), capture_output=True, text=True, timeout=240)
+    assert one.returncode == 0, one.stderr[-3000:]
+    port = str(free_port())
+    nodes = []
+    for rank, (name, link) in enumerate(namespaces):
+        # gloo finds its own address from the interface named here (the hostname resolves to loopback)
+        env = child_env(CUDA_VISIBLE_DEVICES="", GLOO_SOCKET_IFNAME=link)
+        nodes.append(subprocess.Popen(
+            ["ip", "netns", "exec", name, sys.executable, "-m", "mmvl_cli.launch", "--num_machines", "2",
+             "--machine_rank", str(rank), "--main_process_ip", ADDRESSES[0], "--main_process_port", port,
+             "--num_processes", "1", str(script), "--batch_size", "4", *common, str(tmp_path / "two")],
+            env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True))
+    results = [communicate(node, 240) for node in nodes]
+    for result in results:
+        assert result.returncode == 0, result.stderr[-3000:]
+    first, second = (torch.load(tmp_path / k / "model.pt", weights_only=True) for k in ("one", "two"))
+    for key, value in first.items():
+        torch.testing.assert_close(second[key], value, atol=1e-5, rtol=0, msg=key)
