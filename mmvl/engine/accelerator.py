@@ -326,9 +326,13 @@ class AcceleratorMembers:
                 tracker.store_init_configuration(config)
 
     def log(self, values: dict[str, Any], step: int | None = None) -> None:
-        """Log ``values`` (numbers, texts, mappings of numbers) to every tracker (main process only)."""
+        """Log ``values`` (numbers, one-element tensors, texts, mappings of numbers) to every tracker
+        (main process only; elsewhere nothing is read from the device)."""
+        if not self.trackers:
+            return
+        plain = {k: v.item() if isinstance(v, torch.Tensor) and v.numel() == 1 else v for k, v in values.items()}
         for tracker in self.trackers:
-            tracker.log(values, step)
+            tracker.log(plain, step)
 
     def get_tracker(self, name: str, unwrap: bool = False) -> Any:
         """The started tracker ``name`` (``unwrap``: its backend's own object); None off the main process."""

@@ -10,13 +10,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import logging
 from typing import Any, ClassVar, Iterable, Mapping
 
 from mmvl import registry
 from mmvl.errors import UserError, did_you_mean
-
-log = logging.getLogger("mmvl")
 
 #: ``log_with="all"``: every registered tracker whose package is installed (as in Accelerate)
 ALL = "all"

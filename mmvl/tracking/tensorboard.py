@@ -51,7 +51,7 @@ class TensorBoardTracker(Tracker):
                 self.writer.add_text(key, value, step)
             elif isinstance(value, Mapping):
                 self.writer.add_scalars(key, numbers(value), step)
-            elif key in numbers({key: value}):
+            elif isinstance(value, (int, float)) and not isinstance(value, bool):
                 self.writer.add_scalar(key, float(value), step)
         self.writer.flush()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from mmvl.engine import Accelerator
 from mmvl.errors import UserError
@@ -18,12 +19,14 @@ def test_init_log_end_training_writes_event_files_under_project_dir(tmp_path):
     accelerator.init_trackers("demo", config={"lr": 0.1, "model": {"hidden": 8}})
     logged = {1: {"loss": 0.5, "pair": {"a": 1.0, "b": 2.0}}, 2: {"loss": 0.25, "pair": {"a": 3.0, "b": 4.0}}}
     for step, values in logged.items():
-        accelerator.log({**values, "note": f"step {step}"}, step=step)
+        accelerator.log({**values, "note": f"step {step}", "tensor": torch.tensor(float(step))}, step=step)
     writer = accelerator.get_tracker("tensorboard", unwrap=True)
     assert accelerator.get_tracker("tensorboard").tracker is writer and writer.log_dir == str(tmp_path / "demo")
     accelerator.end_training()
     assert accelerator.trackers == []
-    assert tensorboard_scalars(tmp_path / "demo")["loss"] == {s: v["loss"] for s, v in logged.items()}
+    scalars = tensorboard_scalars(tmp_path / "demo")
+    assert scalars["loss"] == {s: v["loss"] for s, v in logged.items()}
+    assert scalars["tensor"] == {s: float(s) for s in logged}  # one-element tensors log as numbers
     assert tensorboard_scalars(tmp_path / "demo" / "pair_b")["pair"] == {1: 2.0, 2: 4.0}  # add_scalars: a folder per line
     acc = EventAccumulator(str(tmp_path / "demo"), size_guidance={"tensors": 0})
     acc.Reload()
