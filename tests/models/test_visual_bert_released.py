@@ -234,3 +234,20 @@ def test_finetuning_from_a_released_folder_trains_and_predicts_on_vqa2(tmp_path)
     assert [e["update"] for e in train] == [1, 2, 3] and all(math.isfinite(e["total_loss"]) for e in train)
     assert "vqa_accuracy" in results["val"]["vqa2"]
     assert (save / "predictions" / "vqa2_val.json").is_file()
+
+
+def test_an_mmf_checkpoint_missing_weights_lists_every_key(tmp_path):
+    from mmvl.trainers.resume import load_pretrained
+
+    state = mmf_state(TINY["hidden_size"], TINY["num_hidden_layers"], VOCAB, 16, VISUAL_DIM, LABELS)
+    gone = [k for k in state if k.startswith("model.bert.encoder.layer.1.")]
+    for key in gone:
+        del state[key]
+    path = tmp_path / "visual_bert.pth"
+    torch.save(state, path)  # a bare state dict, as MMF's zoo files hold
+    config = load_config(["model=visual_bert", f"config={ROOT / 'configs/pretrained/mmf_visual_bert.yaml'}",
+                          "checkpoint.resume_pretrained=true", f"checkpoint.resume_file={path}"])
+    with pytest.raises(UserError) as err:
+        load_pretrained(ours(None, max_position_embeddings=16), config)
+    assert f"no weights for {len(gone)} model keys" in str(err.value)
+    assert all(k.replace("model.", "", 1) in str(err.value) for k in gone)
