@@ -234,6 +234,7 @@ def test_finetuning_from_a_released_folder_trains_and_predicts_on_vqa2(tmp_path)
     assert [e["update"] for e in train] == [1, 2, 3] and all(math.isfinite(e["total_loss"]) for e in train)
     assert "vqa_accuracy" in results["val"]["vqa2"]
     assert (save / "predictions" / "vqa2_val.json").is_file()
+    assert f"VisualBERT tensors from {folder}" in (save / "train.log").read_text()  # it started from the folder
 
 
 def test_an_mmf_checkpoint_missing_weights_lists_every_key(tmp_path):
