@@ -32,7 +32,7 @@ def save_released(cls: type, folder: Path, **extra) -> Path:
     return folder
 
 
-def ours(folder: Path | None = None, **overrides) -> VisualBert:
+def ours(folder: Path | str | None = None, **overrides) -> VisualBert:
     cfg = {"embeddings": "visual_bert", "pretrained_path": None if folder is None else str(folder),
            "feature_dim": VISUAL_DIM, "num_labels": LABELS, **overrides}
     if folder is None:
@@ -92,6 +92,22 @@ def test_the_pretraining_heads_give_the_same_matching_scores(tmp_path):
     mlm = model.heads.mlm
     logits = mlm(model.encode(b)[0][:, :7], model.bert.embeddings.word_embeddings.weight)
     torch.testing.assert_close(logits, ref.prediction_logits[:, :7], atol=1e-5, rtol=0)
+
+
+def test_a_name_in_the_local_hugging_face_cache_loads_and_an_uncached_one_is_refused(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    name = "uclanlp/visualbert-tiny-test"
+    repo = tmp_path / "hub" / f"models--{name.replace('/', '--')}"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("0" * 40)
+    folder = save_released(VisualBertModel, repo / "snapshots" / ("0" * 40))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    b = inputs()
+    with torch.no_grad():
+        torch.testing.assert_close(ours(name).encode(b)[0], ours(folder).encode(b)[0], atol=0, rtol=0)
+    with pytest.raises(UserError, match="never downloads"):
+        ours("uclanlp/visualbert-not-cached")
 
 
 def test_a_head_the_model_lacks_is_left_out_and_logged(tmp_path, caplog):
