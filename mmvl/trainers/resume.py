@@ -215,7 +215,7 @@ def _load_pretrained(model: torch.nn.Module, path: str, mapping: dict[str, str])
     unexpected = [k for k in mapped if canonical_key(k) not in set(model_keys)]
     if unexpected:
         raise UserError(f"after checkpoint.pretrained_state_mapping, {len(unexpected)} keys of {path} are not in "
-                        f"the model: {unexpected[:5]}; fix the mapping's model prefixes (model keys look like "
+                        f"the model: {unexpected}; fix the mapping's model prefixes (model keys look like "
                         f"{model_keys[:3]}).")
     targets = [str(d or "").rstrip(".") for d in mapping.values()]
     covered = {canonical_key(k) for k in mapped}
@@ -224,7 +224,7 @@ def _load_pretrained(model: torch.nn.Module, path: str, mapping: dict[str, str])
     if missing:
         hint = ("to load part of the weights set checkpoint.pretrained_state_mapping={<checkpoint prefix>: "
                 "<model prefix>}" if not mapping else "map a checkpoint prefix that holds them")
-        raise UserError(f"{path} has no weights for {len(missing)} model keys {missing[:5]}; {hint}.")
+        raise UserError(f"{path} has no weights for {len(missing)} model keys {missing}; {hint}.")
     load_model_state(model, mapped, strict=False)
     fresh = [k for k in model_keys if k not in covered]
     log.info("Loaded %d pretrained tensors from %s%s", len(mapped), path,
