@@ -5,7 +5,7 @@ import logging
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from mmvl import registry
 from mmvl.config.access import config_value, plain_dict
@@ -79,7 +79,12 @@ def build_model(config: DictConfig, builders: dict[str, DatasetBuilder],
 def freeze_model(model: Any, name: str, parts: Any) -> list[str]:
     """``model_config.<name>.freeze``, before the optimizer and any wrapper see the parameters;
     rank 0 logs how many parameters train."""
-    parts = [] if parts is None else ([parts] if isinstance(parts, str) else list(parts))
+    if isinstance(parts, str):
+        parts = [parts]
+    if parts is not None and not isinstance(parts, (list, tuple, ListConfig)):
+        raise UserError(f"model_config.{name}.freeze={parts!r}; give a list of parts, e.g. [text_encoder] "
+                        "([] freezes nothing).")
+    parts = [str(p) for p in parts or []]
     if parts and not callable(getattr(model, "freeze", None)):
         raise UserError(f"model_config.{name}.freeze={parts}: model {name!r} offers no parts to freeze "
                         "(it does not derive from mmvl.models.BaseModel); set freeze: [].")

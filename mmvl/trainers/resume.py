@@ -68,7 +68,11 @@ def _shipped_defaults() -> dict[str, Any]:
     from mmvl.config.load import config_root
 
     try:
-        return read_yaml(config_root() / "defaults.yaml", "Defaults file")
+        tree = read_yaml(config_root() / "defaults.yaml", "Defaults file")
+        models = tree.setdefault("model_config", {})
+        for path in sorted((config_root() / "models").glob("*.yaml")):  # a model key added later (freeze)
+            models.update(read_yaml(path, "Model defaults file").get("model_config") or {})
+        return tree
     except UserError:
         return {}
 

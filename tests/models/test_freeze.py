@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import mmvl  # noqa: F401  (registers the built-in models)
-from mmvl.build import build_datasets, build_model, model_config
+from mmvl.build import build_datasets, build_model, freeze_model, model_config
 from mmvl.config import load_config
 from mmvl.errors import UserError
 from mmvl.losses import build_losses, compute_losses
@@ -176,3 +176,12 @@ def test_a_model_with_every_part_frozen_is_refused_by_the_optimizer(no_data):
     model.freeze([BASE_PART, "classifier"])
     with pytest.raises(UserError, match="no trainable parameters; freeze fewer parts"):
         build_optimizer(model, config)
+
+
+def test_a_freeze_value_that_is_not_a_list_is_one_line(no_data):
+    with pytest.raises(UserError, match=r"model_config.mmbt.freeze' in command line must be a list"):
+        no_data("mmbt", "model_config.mmbt.freeze=true")  # the loader checks it against the shipped []
+    _, mcfg = no_data("mmbt")
+    model = _fresh("mmbt", mcfg)
+    with pytest.raises(UserError, match=r"model_config.mmbt.freeze=True; give a list of parts"):
+        freeze_model(model, "mmbt", True)  # a config built in Python, past the loader

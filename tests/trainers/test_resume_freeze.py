@@ -36,6 +36,13 @@ def test_a_changed_freeze_needs_the_optimizer_reset(tmp_path):
     check_resume_config(saved, _config(tmp_path, ["image_encoder"]), "last.ckpt", [])  # unchanged
 
 
+def test_a_checkpoint_from_before_freeze_existed_resumes_with_nothing_frozen(tmp_path):
+    saved = {"config": {"env": {"save_dir": str(tmp_path)}, "model_config": {"relation_network": {}}}}
+    check_resume_config(saved, _config(tmp_path, []), "old.ckpt", [])  # the shipped default: unchanged
+    with pytest.raises(UserError, match=r"model_config.relation_network.freeze \('\(unset\)' -> \['relation'\]\)"):
+        check_resume_config(saved, _config(tmp_path, ["relation"]), "old.ckpt", [])
+
+
 def _run(tmp_path, *extra: str) -> int:
     return main([f"config={TINY}", f"env.data_dir={tmp_path / 'data'}", f"env.save_dir={tmp_path / 'save'}",
                  "training.checkpoint_interval=2", "training.evaluation_interval=0", "run_type=train", *extra])
