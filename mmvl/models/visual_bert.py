@@ -59,6 +59,9 @@ class VisualBert(TextBertModel):
     """Single-stream vision-and-language BERT (``forward(batch) -> {"scores"[, "losses"]}``)."""
 
     config_path = "models/visual_bert.yaml"
+    PARTS = {"text_encoder": ("bert",), "embeddings": ("bert.embeddings",), "image_encoder": ("image_encoder",),
+             "visual_embeddings": ("visual_embeddings", "region_embeddings"), "classifier": ("classifier", "heads")}
+    HEAD = ("classifier", "heads")
 
     def __init__(self, config: DictConfig):
         super().__init__(config)
