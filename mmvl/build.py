@@ -1,15 +1,21 @@
 """Registry look-ups that turn a resolved config into objects. One place, no magic."""
 from __future__ import annotations
 
+import logging
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+import torch
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from mmvl import registry
 from mmvl.config.access import config_value, plain_dict
 from mmvl.config.components import build_component, component_spec
 from mmvl.data.base import DatasetBuilder
+from mmvl.distributed.comm import is_main_process
 from mmvl.errors import UserError
+from mmvl.models.base import trainable_summary
+
+log = logging.getLogger("mmvl")
 
 
 def dataset_names(config: DictConfig) -> list[str]:
@@ -60,11 +66,32 @@ def build_model(config: DictConfig, builders: dict[str, DatasetBuilder],
                 checkpointing: bool = True):
     """The registered model; ``checkpointing=False`` leaves activation checkpointing to the
     strategy (FSDP applies it per shard unit)."""
-    cls = registry.MODELS.get(model_name(config))
-    model = cls(model_config(config, builders))
+    name = model_name(config)
+    cls = registry.MODELS.get(name)
+    model_cfg = model_config(config, builders)
+    model = cls(model_cfg)
+    freeze_model(model, name, model_cfg.get("freeze"))
     if checkpointing and config.training.get("gradient_checkpointing"):
         model.enable_gradient_checkpointing()
     return model
+
+
+def freeze_model(model: Any, name: str, parts: Any) -> list[str]:
+    """``model_config.<name>.freeze``, before the optimizer and any wrapper see the parameters;
+    rank 0 logs how many parameters train."""
+    if isinstance(parts, str):
+        parts = [parts]
+    if parts is not None and not isinstance(parts, (list, tuple, ListConfig)):
+        raise UserError(f"model_config.{name}.freeze={parts!r}; give a list of parts, e.g. [text_encoder] "
+                        "([] freezes nothing).")
+    parts = [str(p) for p in parts or []]
+    if parts and not callable(getattr(model, "freeze", None)):
+        raise UserError(f"model_config.{name}.freeze={parts}: model {name!r} offers no parts to freeze "
+                        "(it does not derive from mmvl.models.BaseModel); set freeze: [].")
+    frozen = model.freeze(parts) if parts else []
+    if is_main_process() and isinstance(model, torch.nn.Module):
+        log.info(trainable_summary(model, frozen))
+    return frozen
 
 
 def build_callbacks(config: DictConfig, trainer: Any) -> list[tuple[str, Any]]:

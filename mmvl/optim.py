@@ -9,7 +9,9 @@ MMF's transformer models. Embedding tables do decay (also the BERT convention).
 A model's ``lr_multipliers()`` (parameter-name prefix -> factor) puts those
 parameters in groups whose lr is the base lr times the factor (e.g. a pretrained
 text encoder at 0.1x); a model that needs its own grouping altogether defines
-``get_optimizer_parameters(config) -> list[param group dict]``.
+``get_optimizer_parameters(config) -> list[param group dict]``. Frozen parameters
+(``requires_grad=False``, e.g. ``model_config.<model>.freeze``) join no group, so they hold no
+optimizer state.
 
 Schedulers are ``LambdaLR``s stepped once per update, so their state dict is
 plain numbers and survives ``weights_only`` checkpoint loading.
@@ -87,6 +89,18 @@ def param_groups(model: torch.nn.Module, weight_decay: float | None = None,
     return result
 
 
+def trainable_only(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A model's own param groups without its frozen parameters (``requires_grad=False``): they
+    must hold no optimizer state; groups left empty are dropped."""
+    out = []
+    for group in groups:
+        given = group["params"]
+        params = [p for p in ([given] if isinstance(given, torch.Tensor) else given) if p.requires_grad]
+        if params:
+            out.append({**group, "params": params})
+    return out
+
+
 def base_lr(optimizer: torch.optim.Optimizer) -> float:
     """The current lr of the model's main parameters (groups with an ``lr_multiplier`` scaled back)."""
     for group in optimizer.param_groups:
@@ -146,7 +160,7 @@ def build_optimizer(model: torch.nn.Module, config: Any,
 
     custom = getattr(model, "get_optimizer_parameters", None)
     if callable(custom):
-        groups = custom(config)
+        groups = trainable_only(custom(config))
     else:
         groups = param_groups(model, params.get("weight_decay"), _lr_multipliers(model))
         for group in groups:
@@ -155,8 +169,9 @@ def build_optimizer(model: torch.nn.Module, config: Any,
                     raise UserError("the model asks for per-part learning rates (lr_multipliers) but "
                                     "optimizer.params.lr is not set; give a base lr.")
                 group["lr"] = params["lr"] * group["lr_multiplier"]
-    if not callable(custom) and not groups:
-        raise UserError(f"optimizer {name!r}: the model has no trainable parameters (all requires_grad=False?).")
+    if not groups:
+        raise UserError(f"optimizer {name!r}: the model has no trainable parameters; freeze fewer parts "
+                        "(model_config.<model>.freeze) or check the image encoder's freeze flag.")
     try:
         return factory(groups, **params)
     except (TypeError, ValueError) as e:

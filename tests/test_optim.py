@@ -241,3 +241,14 @@ def test_short_run_with_the_shipped_warmup_trains(tmp_path, capsys):
     assert main(opts) == 0
     log = (tmp_path / "save" / "train.log").read_text()
     assert log.count("warm-up clamped to 6") == 1 and "update 6/6" in log
+
+
+def test_a_models_own_groups_lose_their_frozen_parameters():
+    """Frozen tensors hold no optimizer state, also when the model groups its parameters itself."""
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 2))
+    model[0].requires_grad_(False)
+    model.get_optimizer_parameters = lambda config: [{"params": model[0].parameters(), "lr": 0.5},
+                                                     {"params": model[1].parameters()}]
+    optimizer = build_optimizer(model, OmegaConf.create({"optimizer": {"type": "sgd", "params": {"lr": 0.1}}}))
+    assert [len(g["params"]) for g in optimizer.param_groups] == [2]
+    assert {id(p) for p in optimizer.param_groups[0]["params"]} == {id(p) for p in model[1].parameters()}

@@ -49,7 +49,17 @@ ABSORBED: dict[str, tuple[Any, ...]] = {
     "training.max_grad_l2_norm": (),
     "model_config.*.training_head_type": ("classification",),  # models without a pretraining head
     "training.wandb.enabled": (False,),  # true: wandb joins training.trackers
+    # false: nothing frozen (mmvl's default); true: the part joins model_config.*.freeze (FREEZE_PARTS)
+    "model_config.*.freeze_base": (False,),
+    "model_config.*.freeze_complete_base": (False,),
+    "model_config.*.freeze_text": (False,),
+    "model_config.*.freeze_modal": (False,),
 }
+#: MMF's freeze switch -> the part of ``model_config.<model>.freeze`` it names (every model offers
+#: ``base``: all but its head; the BERT models and the Relation Network name their text and image
+#: sides ``text_encoder`` and ``image_encoder``)
+FREEZE_PARTS = {"freeze_base": "base", "freeze_complete_base": "base", "freeze_text": "text_encoder",
+                "freeze_modal": "image_encoder"}
 #: MMF keys mmvl has no use for (a key names its whole subtree)
 UNUSED: tuple[str, ...] = (
     "config", "config_version", "trainer",
@@ -66,9 +76,8 @@ UNUSED: tuple[str, ...] = (
     "checkpoint.resume_zoo", "checkpoint.zoo_config_override", "checkpoint.save_git_details", "checkpoint.reset",
     "model_config.*.special_visual_initialize", "model_config.*.embedding_strategy",
     "model_config.*.bypass_transformer", "model_config.*.output_attentions", "model_config.*.output_hidden_states",
-    "model_config.*.random_initialize", "model_config.*.freeze_base", "model_config.*.zerobias",
-    "model_config.*.direct_features_input", "model_config.*.freeze_text", "model_config.*.freeze_modal",
-    "model_config.*.freeze_complete_base", "model_config.*.fused_feature_only", "model_config.*.modal_hidden_size",
+    "model_config.*.random_initialize", "model_config.*.zerobias",
+    "model_config.*.direct_features_input", "model_config.*.fused_feature_only", "model_config.*.modal_hidden_size",
     "model_config.*.text_hidden_size", "model_config.*.modal_encoder", "model_config.*.use_modal_start_token",
     "model_config.*.use_modal_end_token", "model_config.*.text_encoder.type", "model_config.*.text_encoder.params",
     "dataset_config.*.data_dir", "dataset_config.*.depth_first", "dataset_config.*.fast_read",
@@ -104,6 +113,9 @@ def translate(layer: dict[str, Any], base: dict[str, Any], source: str,
     out: dict[str, Any] = {}
     for path, value in _leaves(layer):
         value = _mapped_value(path, value)
+        if len(path) == 3 and path[0] == "model_config" and path[2] == "freeze" and isinstance(value, list):
+            _add_frozen(out, path[1], *value)  # with the parts MMF's switches put there earlier in this layer
+            continue
         if _native(path, base):
             _put(out, path, value)
             continue
@@ -159,8 +171,18 @@ def _switch(path: Path_, value: Any, layer: dict[str, Any], out: dict[str, Any],
     if path == ("training", "clip_gradients") and value is True and training.get("max_grad_l2_norm") is not None:
         _put(out, ("training", "clip_grad_norm"), training["max_grad_l2_norm"])
         return True
+    if len(path) == 3 and path[0] == "model_config" and path[2] in FREEZE_PARTS and value is True:
+        _add_frozen(out, path[1], FREEZE_PARTS[path[2]])
+        return True
     # the norm was used by clip_gradients above (MMF clips only with clip_gradients: true in the same file)
     return path == ("training", "max_grad_l2_norm") and training.get("clip_gradients") is True
+
+
+def _add_frozen(out: dict[str, Any], model: str, *parts: Any) -> None:
+    """``parts`` join ``model_config.<model>.freeze`` in ``out`` (each once; the list is set even
+    when empty, so an empty list still replaces a lower layer's)."""
+    node = out.setdefault("model_config", {}).setdefault(model, {})
+    node["freeze"] = list(dict.fromkeys([*(node.get("freeze") or []), *parts]))
 
 
 # -- paths -----------------------------------------------------------------------------------

@@ -243,6 +243,22 @@ def resume_safe(key: str) -> bool:
     return False
 
 
+#: keys whose change on resume only ``checkpoint.reset.<name>`` may take on (``*``: any one name):
+#: a changed ``freeze`` changes which parameters the saved optimizer state belongs to
+NEEDS_RESET = {"model_config.*.freeze": "optimizer"}
+
+
+def reset_needed(key: str) -> str | None:
+    """The ``checkpoint.reset`` switch a change of dotted ``key`` on resume needs, beyond any reset
+    (None: any reset takes the change on)."""
+    parts = key.split(".")
+    for pattern, reset in NEEDS_RESET.items():
+        want = pattern.split(".")
+        if len(want) == len(parts) and all(w in ("*", p) for w, p in zip(want, parts)):
+            return reset
+    return None
+
+
 def parse_run_type(value: Any, source: str = "the config") -> str:
     """``run_type`` as the stages it names, canonically spelled (``train_val_test``).
 

@@ -3,13 +3,26 @@
 ``forward(batch)`` returns at least ``{"scores": Tensor}``. Losses are computed
 by the trainer from ``model_config.<name>.losses`` unless the model returns a
 ``losses`` dict itself. Models never know about ranks or parallel wrappers.
+
+Freezing (``model_config.<name>.freeze: [<part>, ...]``) is implemented once, here: a model
+declares its parts (``PARTS``: part name -> sub-module names) and its scoring head (``HEAD``),
+and ``base`` is everything outside the head (MMF's ``freeze_base``). Frozen parameters get
+``requires_grad=False`` before the optimizer and any parallel wrapper see them, so they get no
+gradient, no optimizer state and no all-reduce.
 """
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, ClassVar
 
 import torch
 from omegaconf import DictConfig
+
+from mmvl.errors import UserError
+
+#: the part every model with a ``HEAD`` offers: all parameters outside the head
+BASE_PART = "base"
 
 
 class BaseModel(torch.nn.Module):
@@ -17,6 +30,11 @@ class BaseModel(torch.nn.Module):
 
     #: default YAML (relative to the repo's ``configs/``)
     config_path: str | None = None
+    #: part name -> the sub-modules (dotted attribute names) ``freeze: [part]`` freezes; names this
+    #: configuration did not build (e.g. an image encoder when region features are read) are skipped
+    PARTS: ClassVar[dict[str, tuple[str, ...]]] = {}
+    #: the sub-modules that score; ``base`` freezes everything else
+    HEAD: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, config: DictConfig):
         super().__init__()
@@ -38,3 +56,59 @@ class BaseModel(torch.nn.Module):
     def shard_units(self) -> list[torch.nn.Module]:
         """Sub-modules that FSDP shards one by one (e.g. transformer layers)."""
         return []
+
+    # -- freezing -------------------------------------------------------------------------------
+    @property
+    def model_name(self) -> str:
+        """The name users write in ``model_config.<name>`` (from ``config_path``)."""
+        return Path(self.config_path).stem if self.config_path else type(self).__name__
+
+    def part_parameters(self) -> dict[str, list[str]]:
+        """Part -> the names of the parameters it holds in this configuration (parts holding none,
+        in this configuration, are left out: freezing them would do nothing)."""
+        names = [n for n, _ in self.named_parameters()]
+        out: dict[str, list[str]] = {}
+        for part, prefixes in self.PARTS.items():
+            held = [n for n in names if _under(n, prefixes)]
+            if held:
+                out[part] = held
+        if self.HEAD:
+            base = [n for n in names if not _under(n, self.HEAD)]
+            if base:
+                out[BASE_PART] = base
+        return out
+
+    def freeze(self, parts: Iterable[str] | str | None) -> list[str]:
+        """Set ``requires_grad=False`` on every parameter of ``parts``; returns the parts frozen.
+
+        A part the model does not offer (or holds no parameters in this configuration) is a
+        UserError naming it and listing the parts there are.
+        """
+        wanted = [parts] if isinstance(parts, str) else [str(p) for p in parts or []]
+        offered = self.part_parameters()
+        where = f"model_config.{self.model_name}.freeze"
+        for part in wanted:
+            if part in offered:
+                continue
+            listing = ", ".join(offered) or "none"
+            if part in self.PARTS:
+                raise UserError(f"{where}: part {part!r} has no parameters in this configuration; the parts "
+                                f"here are {listing}.")
+            raise UserError(f"{where}: unknown part {part!r}; {self.model_name} offers {listing}.")
+        frozen = {n for part in wanted for n in offered[part]}
+        for name, p in self.named_parameters():
+            if name in frozen:
+                p.requires_grad_(False)
+        return list(dict.fromkeys(wanted))
+
+
+def _under(name: str, prefixes: Iterable[str]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def trainable_summary(model: torch.nn.Module, frozen: list[str]) -> str:
+    """``training 1,234 of 5,678 parameters (frozen: text_encoder)``: what the run log says."""
+    total = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    note = f" (frozen: {', '.join(frozen)})" if frozen else ""
+    return f"training {trainable:,} of {total:,} parameters{note}"

@@ -24,6 +24,9 @@ class ConcatBert(TextBertModel):
     """``[BERT pooled text ; mean visual token]`` -> MLP; ``forward(batch) -> {"scores"}``."""
 
     config_path = "models/concat_bert.yaml"
+    PARTS = {"text_encoder": ("bert",), "embeddings": ("bert.embeddings",), "image_encoder": ("visual",),
+             "classifier": ("image_norm", "classifier")}
+    HEAD = ("image_norm", "classifier")
 
     def __init__(self, config: DictConfig):
         super().__init__(config)

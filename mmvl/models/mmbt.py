@@ -37,6 +37,9 @@ class MMBT(TextBertModel):
     """Image tokens prepended to the text inside one BERT; ``forward(batch) -> {"scores"}``."""
 
     config_path = "models/mmbt.yaml"
+    PARTS = {"text_encoder": ("bert",), "embeddings": ("bert.embeddings",), "image_encoder": ("visual",),
+             "image_projection": ("image_proj",), "classifier": ("classifier",)}
+    HEAD = ("classifier",)
 
     def __init__(self, config: DictConfig):
         super().__init__(config)

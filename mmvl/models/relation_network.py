@@ -65,6 +65,10 @@ class RelationNetwork(BaseModel):
     """CNN cells + coordinates -> all pairs with the question through g, summed -> f -> scores."""
 
     config_path = "models/relation_network.yaml"
+    PARTS = {"text_encoder": ("word_embeddings", "question_lstm", "bag_of_words"), "image_encoder": ("image_encoder",),
+             "object_encoder": ("object_encoder",), "attention": ("attention",), "relation": ("relation",),
+             "classifier": ("f",)}
+    HEAD = ("f",)
 
     def __init__(self, config: DictConfig):
         super().__init__(config)

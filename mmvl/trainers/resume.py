@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 from mmvl import io
 from mmvl.checkpoint import apply_state_mapping, canonical_key, load_checkpoint, load_model_state, schema
 from mmvl.checkpoint import sharded as sharded_dir
-from mmvl.config.schema import resume_safe, stages
+from mmvl.config.schema import reset_needed, resume_safe, stages
 from mmvl.distributed.comm import all_ranks_agreed, on_main_agreed
 from mmvl.errors import UserError
 from mmvl.optim import adopt_config_hyperparameters
@@ -68,7 +68,11 @@ def _shipped_defaults() -> dict[str, Any]:
     from mmvl.config.load import config_root
 
     try:
-        return read_yaml(config_root() / "defaults.yaml", "Defaults file")
+        tree = read_yaml(config_root() / "defaults.yaml", "Defaults file")
+        models = tree.setdefault("model_config", {})
+        for path in sorted((config_root() / "models").glob("*.yaml")):  # a model key added later (freeze)
+            models.update(read_yaml(path, "Model defaults file").get("model_config") or {})
+        return tree
     except UserError:
         return {}
 
@@ -89,6 +93,12 @@ def check_resume_config(state: Mapping[str, Any], config: Any, path: str, resets
     changes = config_changes(saved, OmegaConf.to_container(config, resolve=True), _shipped_defaults())
     if not changes:
         return
+    needed = sorted({r for k, _, _ in changes if (r := reset_needed(k)) and r not in resets})
+    if resets and needed:
+        keys = [c for c in changes if reset_needed(c[0]) in needed]
+        raise UserError(f"{_describe(keys)} changed since {path} was saved; resume with "
+                        f"{' and '.join(f'checkpoint.reset.{r}=true' for r in needed)} (the saved state "
+                        "belongs to the old setting), or start over in a new env.save_dir.")
     if resets:
         if announce:
             log.warning("Resuming the weights of %s under changed settings (checkpoint.reset.%s): %s",
@@ -215,7 +225,7 @@ def _load_pretrained(model: torch.nn.Module, path: str, mapping: dict[str, str])
     unexpected = [k for k in mapped if canonical_key(k) not in set(model_keys)]
     if unexpected:
         raise UserError(f"after checkpoint.pretrained_state_mapping, {len(unexpected)} keys of {path} are not in "
-                        f"the model: {unexpected[:5]}; fix the mapping's model prefixes (model keys look like "
+                        f"the model: {unexpected}; fix the mapping's model prefixes (model keys look like "
                         f"{model_keys[:3]}).")
     targets = [str(d or "").rstrip(".") for d in mapping.values()]
     covered = {canonical_key(k) for k in mapped}
@@ -224,7 +234,7 @@ def _load_pretrained(model: torch.nn.Module, path: str, mapping: dict[str, str])
     if missing:
         hint = ("to load part of the weights set checkpoint.pretrained_state_mapping={<checkpoint prefix>: "
                 "<model prefix>}" if not mapping else "map a checkpoint prefix that holds them")
-        raise UserError(f"{path} has no weights for {len(missing)} model keys {missing[:5]}; {hint}.")
+        raise UserError(f"{path} has no weights for {len(missing)} model keys {missing}; {hint}.")
     load_model_state(model, mapped, strict=False)
     fresh = [k for k in model_keys if k not in covered]
     log.info("Loaded %d pretrained tensors from %s%s", len(mapped), path,

@@ -35,16 +35,22 @@ def checkpoint_dir(path: str, model: str) -> Path:
     return folder
 
 
-def load_bert_weights(bert: nn.Module, folder: Path, model: str = "visual_bert") -> None:
-    """Copy a BERT checkpoint's weights (safetensors, or a weights-only torch file) into ``bert``."""
+def read_checkpoint_state(folder: Path, model: str) -> dict[str, torch.Tensor]:
+    """The tensors of a transformers checkpoint folder: ``model.safetensors``, else ``pytorch_model.bin``
+    read weights-only (no pickled code runs)."""
     if (folder / "model.safetensors").is_file():
         from safetensors.torch import load_file
 
-        state = load_file(str(folder / "model.safetensors"))
-    elif (folder / "pytorch_model.bin").is_file():
-        state = torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
-    else:
-        raise UserError(f"{model}: no model.safetensors or pytorch_model.bin in {str(folder)!r}.")
+        return load_file(str(folder / "model.safetensors"))
+    if (folder / "pytorch_model.bin").is_file():
+        return torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    raise UserError(f"{model}: no model.safetensors or pytorch_model.bin in {str(folder)!r}; save the model "
+                    "with save_pretrained(folder).")
+
+
+def load_bert_weights(bert: nn.Module, folder: Path, model: str = "visual_bert") -> None:
+    """Copy a BERT checkpoint's weights (safetensors, or a weights-only torch file) into ``bert``."""
+    state = read_checkpoint_state(folder, model)
     state = {k[len("bert."):] if k.startswith("bert.") else k: v for k, v in state.items()}
     own = bert.state_dict()
     state = {k: v for k, v in state.items() if k in own}

@@ -103,7 +103,8 @@ class CNNEncoder(_Checkpointable):
 
 @register_image_encoder("resnet")
 class ResNetEncoder(_Checkpointable):
-    """A torchvision ResNet trunk (no pooling/fc), random init or local weights.
+    """A torchvision ResNet trunk (no pooling/fc) of depth 18, 34, 50, 101 or 152, random init or local
+    weights (``pretrained_path``: a torchvision state-dict file, e.g. ``resnet152(weights=...).state_dict()``).
 
     ``norm``: ``group`` (GroupNorm, for training from scratch) or ``frozen_bn``
     (BatchNorm with fixed statistics, for pretrained weights); both are
@@ -117,7 +118,8 @@ class ResNetEncoder(_Checkpointable):
         from torchvision.ops.misc import FrozenBatchNorm2d
 
         builders = {18: torchvision.models.resnet18, 34: torchvision.models.resnet34,
-                    50: torchvision.models.resnet50}
+                    50: torchvision.models.resnet50, 101: torchvision.models.resnet101,
+                    152: torchvision.models.resnet152}  # 152: MMBT's and MMF's image encoder
         if depth not in builders:
             raise UserError(f"resnet image encoder: depth={depth}; use one of {sorted(builders)}.")
         if not 1 <= stages <= 4:

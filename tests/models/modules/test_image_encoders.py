@@ -1,11 +1,12 @@
-"""CNNEncoder: per-layer kernel sizes (a cheap strided stem) and their checks."""
+"""CNNEncoder: per-layer kernel sizes (a cheap strided stem) and their checks; ResNetEncoder's depths and
+torchvision weights."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from mmvl.errors import UserError
-from mmvl.models.modules.image_encoders import CNNEncoder
+from mmvl.models.modules.image_encoders import CNNEncoder, ResNetEncoder
 
 
 def test_per_layer_kernel_sizes_set_each_conv():
@@ -22,3 +23,32 @@ def test_mismatched_lengths_are_user_errors():
         CNNEncoder(channels=[8, 8], kernel_size=[5, 3, 3])
     with pytest.raises(UserError, match="equal lengths"):
         CNNEncoder(channels=[8, 8], strides=[2])
+
+
+@pytest.mark.slow
+def test_a_torchvision_resnet152_state_dict_loads_as_mmbts_image_encoder(tmp_path):
+    """MMBT's (and MMF's) ResNet-152 from a torchvision state dict: the trunk's outputs are torchvision's."""
+    import torchvision
+    from omegaconf import OmegaConf
+
+    from mmvl.models.mmbt import MMBT
+
+    torch.manual_seed(0)
+    reference = torchvision.models.resnet152(weights=None).eval()
+    path = tmp_path / "resnet152.pth"
+    torch.save(reference.state_dict(), path)
+    model = MMBT(OmegaConf.create({
+        "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
+        "vocab_size": 20, "num_labels": 2, "max_position_embeddings": 32,
+        "image_encoder": {"type": "resnet", "params": {"depth": 152, "pretrained_path": str(path)}}})).eval()
+    encoder = model.visual.image_encoder
+    trunk = torch.nn.Sequential(*list(reference.children())[:-2])  # without avgpool and fc
+    images = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(encoder(images), trunk(images))
+    assert encoder.out_dim == reference.fc.in_features
+
+
+def test_unknown_resnet_depths_name_the_choices():
+    with pytest.raises(UserError, match=r"\[18, 34, 50, 101, 152\]"):
+        ResNetEncoder(depth=200)
