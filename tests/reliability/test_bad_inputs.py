@@ -292,3 +292,34 @@ def test_batch_not_divisible_by_world_size(processes):
         assert r.returncode == 2, r.stderr
         prefix = "mmvl: error: " if rank == 0 else "mmvl: error (rank 1): "
         assert_one_line(r.stderr, "training.batch_size=7 is not divisible by the world size 2", prefix)
+
+
+# -- faults: the run stops with one line, the last good checkpoint loads, a resume goes on -------
+FAULTS = {  # what the disk reports -> what the line must say
+    "disk full": (("free_bytes", lambda folder: 0), "the disk is full"),
+    "file-size limit": (("file_size_limit", lambda: 64), "the file-size limit (ulimit -f: 64 B)"),
+}
+
+
+@pytest.mark.parametrize("fault", list(FAULTS), ids=list(FAULTS))
+def test_no_room_for_a_checkpoint(fault, world, tmp_path, capsys, monkeypatch):
+    from mmvl.checkpoint import load_checkpoint
+    from mmvl.checkpoint.schema import update_of
+    from mmvl.utils import disk
+
+    (name, fake), needle = FAULTS[fault]
+    shutil.copytree(world / "previous" / "save", tmp_path / "save")
+    last = tmp_path / "save" / "checkpoints" / "last.ckpt"
+    saved = update_of(load_checkpoint(last))
+    more = toy_opts(tmp_path, f"training.max_updates={saved + 2}", "training.checkpoint_interval=2")
+    with monkeypatch.context() as patch:
+        patch.setattr(disk, name, fake)
+        code = main(more)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert_one_line(err, needle)
+    assert f"last.ckpt (update {saved}) is intact" in err and "(nothing written)" in err and len(err.strip()) < 300, err
+    assert update_of(load_checkpoint(last)) == saved
+    assert not [p for p in last.parent.iterdir() if p.name.endswith(".tmp")]
+    assert main(more) == 0, capsys.readouterr().err  # room again: the resume goes on
+    assert update_of(load_checkpoint(last)) == saved + 2
