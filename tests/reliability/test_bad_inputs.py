@@ -38,6 +38,9 @@ def world(tmp_path_factory) -> Path:
     (files / "b.yaml").write_text("includes: [a.yaml]\n")
     (files / "syntax.yaml").write_text("training:\n  seed: [1, 2\n")
     (files / "list.yaml").write_text("- model\n- toy_mlp\n")
+    (files / "binary.yaml").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)))  # a picture saved as .yaml
+    (files / "eval.yaml").write_text("training:\n  seed: ${eval:__import__('os').getpid()}\n")
+    (files / "resolver.yaml").write_text('training:\n  seed: ${eval:"1 + 1"}\n')
     (files / "notes.ckpt").write_text("not a checkpoint\n")
     torch.save(torch.zeros(3), files / "tensor.ckpt")
     data = (base / "previous" / "save" / "checkpoints" / "last.ckpt").read_bytes()
@@ -92,6 +95,14 @@ ROWS = [
     Row("missing config file", lambda c: [f"config={c.files / 'nope.yaml'}"], "nope.yaml"),
     Row("yaml syntax error", lambda c: [f"config={c.files / 'syntax.yaml'}"], "syntax.yaml line 3"),
     Row("yaml not a mapping", lambda c: [f"config={c.files / 'list.yaml'}"], "list.yaml"),
+    Row("config is a binary file", lambda c: [f"config={c.files / 'binary.yaml'}"],
+        "binary.yaml' is not a text file (byte 0x89 at offset 0 is not UTF-8); expected a UTF-8 YAML file"),
+    Row("an expression in a config file", lambda c: [f"config={c.files / 'eval.yaml'}"],
+        "key 'training.seed': not a valid ${...} interpolation (token recognition error at: '('); expected ${a.key}"),
+    Row("an expression on the command line", lambda c: ["training.seed=${eval:len('ab')}"],
+        "not a valid ${...} interpolation (token recognition error at: '('); expected ${a.key}"),
+    Row("an unknown resolver", lambda c: [f"config={c.files / 'resolver.yaml'}"],
+        "'${eval:...}' is not a resolver (known: env, device_count"),
     Row("user_dir missing", lambda c: [f"env.user_dir={c.root / 'no_such_dir'}"], "env.user_dir"),
     # registry names
     Row("unknown model", lambda c: ["model=toy_mlpp"], "'toy_mlpp'. Did you mean 'toy_mlp'"),
