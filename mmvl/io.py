@@ -360,7 +360,7 @@ def safe_load(path: str | os.PathLike[str], map_location: Any = "cpu",
                 "plain state dicts."
             ) from None
         raise UserError(f"checkpoint {str(path)!r} is truncated or corrupt ({type(e).__name__}: "
-                        f"{text.splitlines()[0][:200] if text else 'no detail'}); use another checkpoint.") from None
+                        f"{text.splitlines()[0].split('. ')[0][:120] if text else 'no detail'}); use another checkpoint.") from None
     if not isinstance(obj, dict):
         raise UserError(f"checkpoint {str(path)!r} is not an mmvl checkpoint: it holds a "
                         f"{type(obj).__name__}, expected a dict of state dicts.")

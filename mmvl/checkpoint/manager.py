@@ -245,8 +245,10 @@ class CheckpointManager:
 
     def _raise_if_unusable(self, problems: list[str]) -> None:
         if problems:  # checkpoints exist but none loads: never silently start over
-            raise UserError(f"no loadable checkpoint in {str(self.dir)!r}; delete or repair the files listed. "
-                            f"Problems: {' | '.join(problems)}")
+            more = f"; {len(problems) - 1} more unusable (see train.log)" if len(problems) > 1 else ""
+            first = problems[0].replace(str(self.dir) + os.sep, "").removesuffix("; use another checkpoint.")
+            raise UserError(f"no loadable checkpoint in {str(self.dir)!r}: {first[:160]}{more}; "
+                            "delete or repair them, or choose another env.save_dir.")
 
 
 def load_checkpoint(path: str | os.PathLike[str], **load: Any) -> dict[str, Any]:

@@ -134,7 +134,15 @@ ROWS = [
     Row("checkpoint of another model", lambda c: ["model_config.toy_mlp.hidden_size=32"],
         "model_config.toy_mlp.hidden_size (16 -> 32)"),  # resume=auto compares the configs first
     Row("checkpoint of another model, evaluated", lambda c: ["run_type=val", "model_config.toy_mlp.hidden_size=32"],
-        "key 'net.0.weight': checkpoint (16, 8) vs model (32, 8)"),
+        "trained with other model settings, model_config.toy_mlp.hidden_size (16 -> 32) (key 'net.0.weight': "
+        "checkpoint (16, 8) vs model (32, 8))"),
+    Row("checkpoint trained on another dataset, evaluated", lambda c: ["run_type=val", "model_config.toy_mlp.hidden_size=32"],
+        "holds toy_mlp trained on sort_of_clevr, sized for that data, and this run is on toy (key 'net.0.weight'",
+        prepare=lambda c: _forge_config(c, datasets=["sort_of_clevr"])),
+    Row("resume into another model", lambda c: [],
+        "last.ckpt is from another config: model ('relation_network' -> 'toy_mlp') and 6 more (all in train.log)",
+        prepare=lambda c: _forge_config(c, model="relation_network", model_config={"relation_network": {}},
+                                        training={"seed": 9, "batch_size": 3, "max_updates": 100})),
     Row("every checkpoint corrupt", lambda c: [], "no loadable checkpoint", prepare=_corrupt_all),
     Row("the user's config.yaml in save_dir", lambda c: [f"config={c.save / 'config.yaml'}"],
         lambda c: f"'{c.save / 'config.yaml'}' is not a config mmvl wrote",
@@ -157,6 +165,16 @@ ROWS = [
     Row("feature LMDB corrupt", lambda c: _features("feats/bad.lmdb"), "bad.lmdb is not a readable LMDB",
         vl="hateful_memes", fresh=True, prepare=lambda c: _bad_lmdb(c.root / "data/feats/bad.lmdb")),
 ]
+
+
+def _forge_config(ctx: Ctx, **saved) -> None:
+    """Make every checkpoint say (in its own config) it was trained with ``saved`` merged in."""
+    for path in (ctx.save / "checkpoints").glob("*.ckpt"):
+        state = torch.load(path, weights_only=True)
+        for key, value in saved.items():
+            merged = state["config"].get(key)
+            state["config"][key] = {**merged, **value} if isinstance(value, dict) and key != "model_config" else value
+        torch.save(state, path)
 
 
 def _truncate(path: Path) -> None:
@@ -218,11 +236,17 @@ def assert_unchanged(before: dict[str, str], save: Path) -> None:
     assert after == before, "the save_dir was changed"
 
 
-def assert_one_line(err: str, needle: str, prefix: str = "mmvl: error: ") -> None:
+def assert_one_line(err: str, needle: str, prefix: str = "mmvl: error: ", roots: tuple[Path, ...] = ()) -> None:
+    """One line with ``needle``, under 300 characters once the test's own folders (``roots``, long
+    pytest names) are written as ``/run``."""
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1, err
     assert lines[0].startswith(prefix), err
     assert needle in lines[0], f"{needle!r} not in: {lines[0]}"
+    short = lines[0]
+    for root in roots:
+        short = short.replace(str(root), "/run")
+    assert len(short) < 300, f"{len(short)} characters: {short}"
     assert "Traceback" not in err
 
 
@@ -247,7 +271,7 @@ def test_bad_input_in_process(row, world, tmp_path, capsys):
     code = main(opts)
     err = capsys.readouterr().err
     assert code == 2, err
-    assert_one_line(err, row.needle(ctx) if callable(row.needle) else row.needle)
+    assert_one_line(err, row.needle(ctx) if callable(row.needle) else row.needle, roots=(tmp_path, world))
     if row.fresh:  # the error comes with the first batch: nothing to protect, nothing saved
         assert not (ctx.save / "checkpoints").exists()
     else:

@@ -175,6 +175,10 @@ def test_config_changes_and_safe_keys():
     defaults = {"training": {"new_knob": 0}}
     assert config_changes(old, new, defaults) == [("optimizer.params.betas", "(unset)", [0.9, 0.98]),
                                                   ("training.seed", 1, 2)]
+    moved = {**new, "model": "b", "datasets": ["y"], "model_config": {"b": {"size": 2}}, "dataset_config": {"y": 1}}
+    assert [key for key, *_ in config_changes({**old, "model": "a", "datasets": ["x"]}, moved)] == [
+        "model", "datasets", "model_config.b.size", "dataset_config.y", "optimizer.params.betas",
+        "training.new_knob", "training.seed"]  # what matters most first, then alphabetical
     assert resume_safe("env.save_dir") and resume_safe("distributed.world_size")
     assert not resume_safe("training.seed") and not resume_safe("environment")
 
