@@ -117,10 +117,11 @@ def check_resume_config(state: Mapping[str, Any], config: Any, path: str, resets
             log.warning("Resuming the weights of %s under changed settings (checkpoint.reset.%s): %s",
                         path, "/".join(resets), _describe(changes, limit=None))
         return
-    if announce and len(changes) > 3:  # the line shows 3; train.log keeps them all
+    said = _describe(changes, rest=" (all in train.log)")
+    if announce and said.endswith("(all in train.log)"):  # the line shows a few; train.log keeps them all
         log.warning("every config difference from %s: %s", path, _describe(changes, limit=None))
     raise UserError(
-        f"{path} is from another config: {_describe(changes, rest=' (all in train.log)')}. Use another "
+        f"{path} is from another config: {said}. Use another "
         "env.save_dir, checkpoint.resume=false (start over) or checkpoint.reset.optimizer/scheduler/counts=true.")
 
 

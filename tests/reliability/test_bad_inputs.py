@@ -161,10 +161,39 @@ ROWS = [
     Row("image does not decode in a DataLoader worker", lambda c: ["training.num_workers=1"],
         ".png' cannot be decoded", vl="hateful_memes", fresh=True,
         prepare=lambda c: _break_images(c.root / "data/hateful_memes/img", range(1000, 1008))),
+    Row("sort_of_clevr questions truncated", lambda c: _SOC, "train_questions.json has",
+        vl="sort_of_clevr", fresh=True, prepare=lambda c: _truncate(_soc(c) / "train_questions.json")),
+    Row("sort_of_clevr questions corrupt, same size", lambda c: _SOC,
+        "train_questions.json' does not read (JSONDecodeError", vl="sort_of_clevr", fresh=True,
+        prepare=lambda c: _scramble(_soc(c) / "train_questions.json")),
+    Row("sort_of_clevr images corrupt, same size", lambda c: _SOC, "train.npz' does not read (BadZipFile",
+        vl="sort_of_clevr", fresh=True, prepare=lambda c: _scramble(_soc(c) / "train.npz")),
     Row("feature LMDB missing", lambda c: _features("feats/none.lmdb"), "feats/none.lmdb", vl="hateful_memes"),
     Row("feature LMDB corrupt", lambda c: _features("feats/bad.lmdb"), "bad.lmdb is not a readable LMDB",
         vl="hateful_memes", fresh=True, prepare=lambda c: _bad_lmdb(c.root / "data/feats/bad.lmdb")),
 ]
+
+
+#: a tiny generated Sort-of-CLEVR
+_SOC = [f"dataset_config.sort_of_clevr.{k}={v}" for k, v in {
+    "num_images": 4, "num_val_images": 2, "num_test_images": 2, "questions_per_image": 2, "object_size": 1}.items()]
+
+
+def _soc(ctx: Ctx) -> Path:
+    """Generate the rows' Sort-of-CLEVR (as mmvl_run would) and return its folder."""
+    from mmvl.config import load_config
+    from mmvl.registry import DATASETS
+
+    config = load_config(vl_opts("sort_of_clevr", ctx.root, *_SOC))
+    builder = DATASETS.get("sort_of_clevr")(config.dataset_config.sort_of_clevr, str(ctx.root / "data"))
+    builder.prepare()
+    return builder.root
+
+
+def _scramble(path: Path) -> None:
+    """Overwrite the last quarter of ``path`` with other bytes of the same length (its size stays)."""
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) * 3 // 4] + b"#" * (len(data) - len(data) * 3 // 4))
 
 
 def _forge_config(ctx: Ctx, **saved) -> None:
@@ -257,7 +286,9 @@ def setup_row(row: Row, world: Path, root: Path) -> Ctx:
     if row.vl:
         from tests.fixtures import vl_data
 
-        getattr(vl_data, f"write_{row.vl}")(root / "data")
+        write = getattr(vl_data, f"write_{row.vl}", None)  # generated datasets need no files
+        if write is not None:
+            write(root / "data")
     if row.prepare:
         row.prepare(ctx)
     return ctx
