@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from mmvl.io import LOCK
+from mmvl_cli.predict import main as predict_main
 from mmvl_cli.run import main
 from tests.fixtures.faults import ROOT, child_env, launch_ranks
 from tests.fixtures.toy import register, toy_opts
@@ -71,6 +72,7 @@ class Row:
     prepare: Callable[[Ctx], None] | None = None
     fresh: bool = False  # start from an empty save_dir instead of a finished run
     vl: str | None = None  # run on this vision-and-language dataset (tiny concat_bert) instead of toy
+    predict: bool = False  # mmvl_predict instead of mmvl_run
 
 
 def _corrupt_all(ctx: Ctx) -> None:
@@ -144,6 +146,10 @@ ROWS = [
         prepare=lambda c: _forge_config(c, model="relation_network", model_config={"relation_network": {}},
                                         training={"seed": 9, "batch_size": 3, "max_updates": 100})),
     Row("every checkpoint corrupt", lambda c: [], "no loadable checkpoint", prepare=_corrupt_all),
+    Row("predictions is a file", lambda c: [], "predictions' is a file, and the predictions go into a folder",
+        predict=True, prepare=lambda c: (c.save / "predictions").write_text("my notes\n")),
+    Row("a prediction file is a folder", lambda c: [], "toy_test.json' is a folder", predict=True,
+        prepare=lambda c: (c.save / "predictions" / "toy_test.json").mkdir(parents=True)),
     Row("the user's config.yaml in save_dir", lambda c: [f"config={c.save / 'config.yaml'}"],
         lambda c: f"'{c.save / 'config.yaml'}' is not a config mmvl wrote",
         prepare=lambda c: (c.save / "config.yaml").write_text("training:\n  seed: 1\n")),
@@ -299,7 +305,7 @@ def test_bad_input_in_process(row, world, tmp_path, capsys):
     ctx = setup_row(row, world, tmp_path)
     before = snapshot(ctx.save)
     opts = vl_opts(row.vl, tmp_path, *row.extra(ctx)) if row.vl else toy_opts(tmp_path, *row.extra(ctx))
-    code = main(opts)
+    code = (predict_main if row.predict else main)(opts)
     err = capsys.readouterr().err
     assert code == 2, err
     assert_one_line(err, row.needle(ctx) if callable(row.needle) else row.needle, roots=(tmp_path, world))
