@@ -240,8 +240,9 @@ class SortOfClevrBuilder(DatasetBuilder):
         try:
             self.root.parent.mkdir(parents=True, exist_ok=True)
             tmp = io.make_temp_dir(self.root.parent)
-        except OSError as e:
-            raise UserError(f"sort_of_clevr: cannot write the generated data into {str(self.root.parent)!r} "
+        except OSError as e:  # the nearest folder that exists is the one that refused
+            where = next(p for p in (self.root.parent, *self.root.parent.parents) if p.exists())
+            raise UserError(f"sort_of_clevr: cannot write the generated data into {str(where)!r} "
                             f"({e.strerror}); make it writable, or set env.data_dir to a writable folder.") from None
         try:
             self._generate(tmp)
