@@ -89,8 +89,9 @@ class CheckpointManager:
             except UserError as e:
                 good = f"{last.name} does not load ({e})"
         what = f"checkpoint of update {update}" if update is not None else "best checkpoint"
-        return UserError(f"{what} not saved ({err.done}): {str(err.path)!r}: {err.reason}; {good}; free space "
-                         "or use another env.save_dir, then resume.")
+        fix = "raise ulimit -f" if "file-size limit" in err.reason else "free space or use another env.save_dir"
+        return UserError(f"{what} not saved ({err.done}): {str(err.path)!r}: {err.reason}; {good}; {fix}, "
+                         "then resume.")
 
     def remove_stale_temps(self) -> list[Path]:
         """Delete temp files a killed save left behind (this manager is the only writer)."""

@@ -73,6 +73,7 @@ class Row:
     fresh: bool = False  # start from an empty save_dir instead of a finished run
     vl: str | None = None  # run on this vision-and-language dataset (tiny concat_bert) instead of toy
     predict: bool = False  # mmvl_predict instead of mmvl_run
+    slow: bool = False  # with the slow tests (the fast suite is near its budget)
 
 
 def _corrupt_all(ctx: Ctx) -> None:
@@ -168,12 +169,12 @@ ROWS = [
         ".png' cannot be decoded", vl="hateful_memes", fresh=True,
         prepare=lambda c: _break_images(c.root / "data/hateful_memes/img", range(1000, 1008))),
     Row("sort_of_clevr questions truncated", lambda c: _SOC, "train_questions.json has",
-        vl="sort_of_clevr", fresh=True, prepare=lambda c: _truncate(_soc(c) / "train_questions.json")),
+        vl="sort_of_clevr", fresh=True, slow=True, prepare=lambda c: _truncate(_soc(c) / "train_questions.json")),
     Row("sort_of_clevr questions corrupt, same size", lambda c: _SOC,
-        "train_questions.json' does not read (JSONDecodeError", vl="sort_of_clevr", fresh=True,
+        "train_questions.json' does not read (JSONDecodeError", vl="sort_of_clevr", fresh=True, slow=True,
         prepare=lambda c: _scramble(_soc(c) / "train_questions.json")),
     Row("sort_of_clevr images corrupt, same size", lambda c: _SOC, "train.npz' does not read (BadZipFile",
-        vl="sort_of_clevr", fresh=True, prepare=lambda c: _scramble(_soc(c) / "train.npz")),
+        vl="sort_of_clevr", fresh=True, slow=True, prepare=lambda c: _scramble(_soc(c) / "train.npz")),
     Row("feature LMDB missing", lambda c: _features("feats/none.lmdb"), "feats/none.lmdb", vl="hateful_memes"),
     Row("feature LMDB corrupt", lambda c: _features("feats/bad.lmdb"), "bad.lmdb is not a readable LMDB",
         vl="hateful_memes", fresh=True, prepare=lambda c: _bad_lmdb(c.root / "data/feats/bad.lmdb")),
@@ -300,7 +301,8 @@ def setup_row(row: Row, world: Path, root: Path) -> Ctx:
     return ctx
 
 
-@pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])
+@pytest.mark.parametrize("row", [pytest.param(r, marks=[pytest.mark.slow] if r.slow else []) for r in ROWS],
+                         ids=[r.id for r in ROWS])
 def test_bad_input_in_process(row, world, tmp_path, capsys):
     ctx = setup_row(row, world, tmp_path)
     before = snapshot(ctx.save)
@@ -389,9 +391,10 @@ def test_no_room_for_a_checkpoint(fault, world, tmp_path, capsys, monkeypatch):
         code = main(more)
     err = capsys.readouterr().err
     assert code == 2, err
-    assert_one_line(err, needle)
-    assert f"last.ckpt (update {saved}) is intact" in err and "(nothing written)" in err and len(err.strip()) < 300, err
+    assert_one_line(err, needle, roots=(tmp_path,))
+    assert f"last.ckpt (update {saved}) is intact" in err and "(nothing written)" in err, err
     assert update_of(load_checkpoint(last)) == saved
     assert not [p for p in last.parent.iterdir() if p.name.endswith(".tmp")]
-    assert main(more) == 0, capsys.readouterr().err  # room again: the resume goes on
-    assert update_of(load_checkpoint(last)) == saved + 2
+    if fault == "disk full":  # room again: the resume goes on (once is enough, for time)
+        assert main(more) == 0, capsys.readouterr().err
+        assert update_of(load_checkpoint(last)) == saved + 2
