@@ -6,12 +6,12 @@ crash leaves either the old file or the new one, never half of it:
 
 - :func:`atomic_open` / :func:`atomic_write` / :func:`atomic_save`: a temp file beside the target,
   written, fsynced, renamed over it, the folder fsynced;
-- :func:`link_replace`: make one path name another's complete file (hard link, else a copy);
-- :func:`publish_dir`: a folder built aside, marked complete, renamed into place;
+- :func:`link_replace`: one path names another's file (hard link, else a copy); :func:`publish_dir`:
+  a folder built aside, marked complete, renamed into place;
 - :data:`MARKER` (``COMPLETE.json``): the one "this folder is complete" marker, listing every
   file with its size (:func:`mark_complete`, :func:`completeness_problem`);
-- :func:`move_aside`, :func:`remove_tree`: take files out of the way without a reader seeing
-  half of them;
+- :func:`move_aside`, :func:`remove_tree`: take files away without a reader seeing half of them;
+- :class:`DiskFull`: a write that found no room, in words (:mod:`mmvl.utils.disk`);
 - :func:`safe_load`: ``torch.load(weights_only=True)``, every problem one line naming the file.
 
 ``os.replace``/``os.rename`` appear nowhere else in ``mmvl/``. Files are created with the
@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import IO, Any, Callable, Iterable, Iterator
 
 from mmvl.errors import UserError
+from mmvl.utils import disk
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +55,7 @@ def fsync_dir(directory: str | os.PathLike[str]) -> None:
 
 
 def fsync_file(path: str | os.PathLike[str]) -> None:
-    """Flush ``path``'s data to the disk."""
-    with open(path, "rb+") as f:
+    with open(path, "rb+") as f:  # flush its data to the disk
         os.fsync(f.fileno())
 
 
@@ -85,49 +85,61 @@ def make_temp_dir(parent: str | os.PathLike[str], prefix: str = ".tmp-") -> Path
     raise FileExistsError(f"no free temporary folder name in {parent}")
 
 
+class DiskFull(UserError):
+    """A write found no room (full disk, quota, file-size limit); the old file at ``path`` is intact."""
+
+    def __init__(self, path: Path, reason: str, done: str):
+        super().__init__(f"{str(path)!r}: {reason}; {done}")
+        self.path, self.reason, self.done = path, reason, done
+
+
 @contextlib.contextmanager
-def replacing(path: str | os.PathLike[str]) -> Iterator[Path]:
+def replacing(path: str | os.PathLike[str], needs: int | None = None) -> Iterator[Path]:
     """A temp file beside ``path`` to fill in the block; renamed over ``path`` on success (the
-    folder fsynced), removed otherwise."""
+    folder fsynced), removed otherwise; no room is a :class:`DiskFull` (``needs``: bytes, for its message)."""
     path = Path(path)
     tmp = temp_path(path)
     try:
         yield tmp
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         tmp.unlink(missing_ok=True)
+        code = disk.out_of_room(e)
+        if code is not None:
+            raise DiskFull(path, disk.failure_text(code, path.parent, needs), "temp file removed") from None
         raise
     fsync_dir(path.parent)
 
 
 @contextlib.contextmanager
-def atomic_open(path: str | os.PathLike[str], mode: str = "w") -> Iterator[IO[Any]]:
-    """An open file that becomes ``path`` when the block ends without an error (fsynced, renamed
-    over it), and is removed otherwise: for writers that produce a file piece by piece.
-
-    ``mode`` is ``"w"`` (UTF-8 text) or ``"wb"``.
-    """
-    with replacing(path) as tmp:
+def atomic_open(path: str | os.PathLike[str], mode: str = "w", needs: int | None = None) -> Iterator[IO[Any]]:
+    """An open file (``mode`` ``"w"``, UTF-8 text, or ``"wb"``) that becomes ``path`` when the block ends
+    without an error (fsynced, renamed over it), removed otherwise: for writers of a file piece by piece."""
+    with replacing(path, needs) as tmp:
         with open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8", "newline": ""})) as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
 
 
-def atomic_write(path: str | os.PathLike[str], mode: str, write: Callable[[Any], Any]) -> Path:
+def atomic_write(path: str | os.PathLike[str], mode: str, write: Callable[[Any], Any], needs: int | None = None) -> Path:
     """``write(f)`` into :func:`atomic_open`'s file: ``path`` is the old file or the new one."""
-    with atomic_open(path, mode) as f:
+    with atomic_open(path, mode, needs) as f:
         write(f)
     return Path(path)
 
 
 def atomic_save(obj: Mapping[str, Any], path: str | os.PathLike[str]) -> Path:
-    """``torch.save(obj)`` to ``path`` atomically (its folder is created)."""
+    """``torch.save(obj)`` to ``path`` atomically (its folder is created); first a cheap look at the
+    room (its arrays' sizes against the free space and ``ulimit -f``): :class:`DiskFull` when short."""
     import torch
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    return atomic_write(path, "wb", lambda f: torch.save(obj, f))
+    problem = disk.room_problem(path.parent, needs := disk.estimate_bytes(obj))
+    if problem:
+        raise DiskFull(path, problem, "nothing written")
+    return atomic_write(path, "wb", lambda f: torch.save(obj, f), needs)
 
 
 def link_replace(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> Path:
@@ -150,8 +162,8 @@ def publish(tmp: str | os.PathLike[str], path: str | os.PathLike[str]) -> Path:
 
 
 def mark_complete(folder: str | os.PathLike[str], **info: Any) -> Path:
-    """Fsync every file of ``folder`` and write :data:`MARKER` listing each with its size (plus
-    ``info``), atomically. Call it once every part is written: a folder without it is incomplete."""
+    """Fsync ``folder``'s files, then write :data:`MARKER` listing each with its size (plus ``info``):
+    call it once every part is written (a folder without it is incomplete)."""
     folder = Path(folder)
     files = {}
     for p in sorted(folder.iterdir()):
@@ -348,7 +360,7 @@ def safe_load(path: str | os.PathLike[str], map_location: Any = "cpu",
                 "plain state dicts."
             ) from None
         raise UserError(f"checkpoint {str(path)!r} is truncated or corrupt ({type(e).__name__}: "
-                        f"{text.splitlines()[0][:200] if text else 'no detail'}); use another checkpoint.") from None
+                        f"{text.splitlines()[0].split('. ')[0][:120] if text else 'no detail'}); use another checkpoint.") from None
     if not isinstance(obj, dict):
         raise UserError(f"checkpoint {str(path)!r} is not an mmvl checkpoint: it holds a "
                         f"{type(obj).__name__}, expected a dict of state dicts.")

@@ -34,6 +34,7 @@ Examples:
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any
 
 from mmvl_cli.common import cli_main, command, run_or_launch
@@ -58,6 +59,23 @@ def require_checkpoint(config: Any) -> None:
                     "or env.save_dir=<the training run's folder>.")
 
 
+def check_outputs(config: Any) -> None:
+    """A UserError when a prediction file could not be written, found before the split is evaluated
+    (not after: a file where the ``predictions`` folder goes, or a folder where a file goes)."""
+    from mmvl.errors import UserError
+
+    folder = Path(str(config.env.save_dir)) / "predictions"
+    if folder.exists() and not folder.is_dir():
+        raise UserError(f"{str(folder)!r} is a file, and the predictions go into a folder of that name; move "
+                        "the file, or choose another env.save_dir.")
+    split = str(config.get("run_type"))
+    for name in config.get("datasets") or []:
+        for target in (folder / f"{name}_{split}.json", folder / f"{name}_{split}.csv"):
+            if target.is_dir():
+                raise UserError(f"{str(target)!r} is a folder, and the predictions are written to a file of that "
+                                "name; move the folder, or choose another env.save_dir.")
+
+
 def _predict(opts: list[str]) -> int:
     import mmvl  # noqa: F401
     from mmvl.config import load_config
@@ -65,6 +83,7 @@ def _predict(opts: list[str]) -> int:
 
     config = load_config(["run_type=test", "evaluation.predict=true", *opts])
     require_checkpoint(config)
+    check_outputs(config)
     return run_or_launch(config, "mmvl_cli.predict", opts, run)
 
 

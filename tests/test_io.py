@@ -164,3 +164,53 @@ def test_a_torn_last_line_is_cut(tmp_path):
     assert path.read_bytes() == b'{"a": 1}\n{"b": 2}\n'
     path.write_bytes(b'{"only": "torn')
     assert io.cut_torn_line(path) == 14 and path.read_bytes() == b""
+
+
+# -- no room: a full disk, a quota, the file-size limit --------------------------------------------
+def _temps(folder):
+    return [p.name for p in folder.iterdir() if io.TEMP.match(p.name)]
+
+
+def test_no_room_is_seen_before_writing_and_the_old_file_stays(tmp_path, monkeypatch):
+    from mmvl.utils import disk
+
+    path = atomic_save(_state(1.0), tmp_path / "a.ckpt")
+    before = path.read_bytes()
+    monkeypatch.setattr(disk, "free_bytes", lambda folder: 10)
+    with pytest.raises(io.DiskFull, match=r"a.ckpt': the disk is full \(~.* needed, 10 B free\); nothing written"):
+        atomic_save(_state(2.0), path)
+    monkeypatch.setattr(disk, "free_bytes", lambda folder: None)  # unknown: the write is tried
+    monkeypatch.setattr(disk, "file_size_limit", lambda: 100)
+    with pytest.raises(io.DiskFull, match=r"file-size limit \(ulimit -f: 100 B\) is below"):
+        atomic_save(_state(2.0), path)
+    assert path.read_bytes() == before and _temps(tmp_path) == []
+
+
+@pytest.mark.parametrize("code, said", [(28, "the disk is full"), (122, "the disk quota is used up"),
+                                        (27, "the file-size limit")])
+def test_no_room_while_writing_names_the_file_and_removes_the_temp(tmp_path, code, said):
+    path = tmp_path / "b.bin"
+    io.atomic_write(path, "wb", lambda f: f.write(b"old"))
+
+    def torch_like(f):  # torch.save reports the OSError only as the context of a RuntimeError
+        try:
+            raise OSError(code, os.strerror(code))
+        except OSError:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 768 vs 662")
+
+    with pytest.raises(io.DiskFull, match=f"b.bin': {said}.*; temp file removed"):
+        io.atomic_write(path, "wb", torch_like, needs=5000)
+    assert path.read_bytes() == b"old" and _temps(tmp_path) == []
+    with pytest.raises(OSError, match="Permission"):  # other errors keep their type
+        io.atomic_write(path, "wb", lambda f: (_ for _ in ()).throw(PermissionError(13, "Permission denied")))
+
+
+@pytest.mark.parametrize("size", [1, 10_000])
+def test_the_room_estimate_is_close_to_the_file(tmp_path, size):
+    """Close both ways: above the truth it would refuse writes that fit."""
+    from mmvl.utils import disk
+
+    state = {**_state(1.0), "optimizer": {"state": {i: {"m": torch.zeros(size + i)} for i in range(20)}},
+             "config": {"name": "x" * 300, "lr": 0.1, "layers": list(range(50))}}
+    written = atomic_save(state, tmp_path / "c.ckpt").stat().st_size
+    assert abs(disk.estimate_bytes(state) - written) < 0.2 * written

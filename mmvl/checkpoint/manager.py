@@ -59,20 +59,39 @@ class CheckpointManager:
             self.remove_stale_temps()
             self._cleaned = True
         state = stamp(dict(state))
-        if periodic:
-            written = io.atomic_save(state, self.dir / periodic_name(update))
-            io.link_replace(written, self.last_path)
-        else:
-            written = io.atomic_save(state, self.last_path)
-        if is_best:
-            io.link_replace(written, self.best_path)
+        try:
+            if periodic:
+                written = io.atomic_save(state, self.dir / periodic_name(update))
+                io.link_replace(written, self.last_path)
+            else:
+                written = io.atomic_save(state, self.last_path)
+            if is_best:
+                io.link_replace(written, self.best_path)
+        except io.DiskFull as e:
+            raise self._no_room(e, update) from None
         if periodic:
             self._prune()
         return written
 
     def save_best(self, state: Mapping[str, Any]) -> Path:
         """Write ``best.ckpt`` alone (a sharded run's periodic saves are folders)."""
-        return io.atomic_save(stamp(dict(state)), self.best_path)
+        try:
+            return io.atomic_save(stamp(dict(state)), self.best_path)
+        except io.DiskFull as e:
+            raise self._no_room(e, None) from None
+
+    def _no_room(self, err: io.DiskFull, update: int | None) -> UserError:
+        """``err`` (a save found no room) with what is still safe: the last good checkpoint."""
+        last, good = self.last_path, "there is no earlier checkpoint"
+        if last.is_file():
+            try:  # mapped, not read: a cheap look that also proves it loads
+                good = f"{last.name} (update {update_of(load_checkpoint(last, mmap=True))}) is intact"
+            except UserError as e:
+                good = f"{last.name} does not load ({e})"
+        what = f"checkpoint of update {update}" if update is not None else "best checkpoint"
+        fix = "raise ulimit -f" if "file-size limit" in err.reason else "free space or use another env.save_dir"
+        return UserError(f"{what} not saved ({err.done}): {str(err.path)!r}: {err.reason}; {good}; {fix}, "
+                         "then resume.")
 
     def remove_stale_temps(self) -> list[Path]:
         """Delete temp files a killed save left behind (this manager is the only writer)."""
@@ -227,8 +246,10 @@ class CheckpointManager:
 
     def _raise_if_unusable(self, problems: list[str]) -> None:
         if problems:  # checkpoints exist but none loads: never silently start over
-            raise UserError(f"no loadable checkpoint in {str(self.dir)!r}; delete or repair the files listed. "
-                            f"Problems: {' | '.join(problems)}")
+            more = f"; {len(problems) - 1} more unusable (see train.log)" if len(problems) > 1 else ""
+            first = problems[0].replace(str(self.dir) + os.sep, "").removesuffix("; use another checkpoint.")
+            raise UserError(f"no loadable checkpoint in {str(self.dir)!r}: {first[:160]}{more}; "
+                            "delete or repair them, or choose another env.save_dir.")
 
 
 def load_checkpoint(path: str | os.PathLike[str], **load: Any) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from mmvl.config.mmf import INCLUDE_PREFIX, include_path
+from mmvl.config.resolvers import interpolation_problem
 from mmvl.errors import UserError
 
 #: (file, its own keys without ``includes``) in merge order
@@ -33,7 +34,14 @@ def read_yaml(path: str | os.PathLike[str], what: str = "Config file") -> dict[s
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         problem = getattr(err, "problem", None) or str(err)
         raise UserError(f"YAML syntax error in {path}{where}: {problem}. Fix the file's syntax.") from None
-    except (OmegaConfBaseException, UnicodeDecodeError, OSError) as err:
+    except UnicodeDecodeError as err:
+        raise UserError(f"{what} {str(path)!r} is not a text file (byte {err.object[err.start]:#04x} at offset "
+                        f"{err.start} is not UTF-8); expected a UTF-8 YAML file of keys (e.g. 'training: "
+                        "{batch_size: 32}').") from None
+    except (OmegaConfBaseException, OSError) as err:
+        problem = interpolation_problem(err)
+        if problem:
+            raise UserError(f"{what} {str(path)!r}, key {getattr(err, 'full_key', '?')!r}: {problem}.") from None
         raise UserError(f"Cannot read {what.lower()} {path}: {err}.") from None
     if not OmegaConf.is_dict(cfg):
         raise UserError(

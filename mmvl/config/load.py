@@ -20,7 +20,7 @@ from mmvl.config.access import ABSENT, lookup
 from mmvl.config.components import component_yaml, import_user_dir
 from mmvl.config.files import load_with_includes, read_yaml
 from mmvl.config.opts import normalize_datasets, parse_opts
-from mmvl.config.resolvers import register_resolvers
+from mmvl.config.resolvers import interpolation_problem, register_resolvers
 from mmvl.config.switch import adopt_switched_types
 from mmvl.config.validate import Provenance, apply_aliases, check_final, check_layer, is_interpolation
 from mmvl.errors import UserError
@@ -142,7 +142,8 @@ def _choose(path: str, layers: list[tuple[str, dict[str, Any]]]) -> Any:
         try:
             return OmegaConf.create({"v": value}).v
         except OmegaConfBaseException as err:
-            raise UserError(f"Cannot resolve {path}={value!r} from {source}: {_first_line(err)}.") from None
+            raise UserError(f"Cannot resolve {path}={value!r} from {source}: "
+                            f"{interpolation_problem(err) or _first_line(err)}.") from None
     return None
 
 
@@ -181,9 +182,10 @@ def _finish(merged: dict[str, Any], provenance: Provenance, base: dict[str, Any]
         resolved = OmegaConf.to_container(cfg, resolve=True)
     except OmegaConfBaseException as err:
         key = getattr(err, "full_key", None) or "?"
+        problem = interpolation_problem(err)
         raise UserError(
             f"Cannot resolve config key {key!r} (from {provenance.get(key, 'the merged config')}): "
-            f"{_first_line(err)}. Fix the ${{...}} interpolation."
+            f"{problem or _first_line(err)}{'' if problem else '. Fix the ${...} interpolation'}."
         ) from None
     if not isinstance(resolved, dict):  # a top-level config is always a mapping
         raise TypeError(f"resolved config is a {type(resolved).__name__}, expected a mapping")

@@ -11,6 +11,7 @@ from typing import Any, Iterable
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from mmvl.config.resolvers import interpolation_problem
 from mmvl.errors import UserError
 
 #: option names that choose files rather than set config keys
@@ -69,7 +70,8 @@ def _parse_value(key: str, raw: str, opt: str) -> Any:
     try:
         cfg = OmegaConf.from_dotlist([f"value={raw}"])
     except (OmegaConfBaseException, ValueError) as err:
-        raise UserError(f"Cannot parse the value of command-line argument {opt!r}: {err}.") from None
+        problem = interpolation_problem(err)
+        raise UserError(f"Cannot parse the value of command-line argument {opt!r}: {problem or err}.") from None
     except Exception as err:  # yaml errors for e.g. "x=[1,"
         raise UserError(
             f"Cannot parse the value of command-line argument {opt!r} "

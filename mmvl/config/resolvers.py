@@ -72,3 +72,25 @@ def register_resolvers() -> None:
         _register("device_count", device_count)
     if not OmegaConf.has_resolver("env"):
         _register("env", env)
+
+
+#: the resolvers a message suggests: mmvl's own and OmegaConf's usual ones
+KNOWN = ("env", "device_count", "oc.env", "oc.select", "oc.decode")
+
+
+def interpolation_problem(err: BaseException) -> str | None:
+    """What a bad ``${...}`` was expected to be, in words (None: ``err`` is about something else).
+
+    OmegaConf's own words ("token recognition error at: '('", "Unsupported interpolation type
+    eval") name its grammar, not the fix; the usual cause is an expression such as ``${eval:...}``.
+    """
+    text = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    unknown = re.match(r"Unsupported interpolation type (\S+)", text)
+    if unknown:
+        return (f"'${{{unknown.group(1)}:...}}' is not a resolver (known: {', '.join(KNOWN)}, ...); a config "
+                "holds values and references, never code to run: write the value itself")
+    if type(err).__name__ == "GrammarParseError" or re.search(r"token recognition error|mismatched input|"
+                                                             r"missing BRACE_CLOSE|extraneous input", text):
+        return (f"not a valid ${{...}} interpolation ({text.split(' full_key:')[0]}); expected ${{a.key}} or "
+                "${resolver:plain,args}, no expressions (a config is never evaluated); \\${ for a literal")
+    return None

@@ -52,7 +52,7 @@ def config_changes(old: Mapping[str, Any], new: Mapping[str, Any],
     before, after = _flatten(old), _flatten(new)
     shipped = _flatten(defaults or {})
     changes = []
-    for key in sorted(after):
+    for key in sorted(after, key=_weight):
         if resume_safe(key):
             continue
         if key in before:
@@ -61,6 +61,16 @@ def config_changes(old: Mapping[str, Any], new: Mapping[str, Any],
         elif key not in shipped or shipped[key] != after[key]:
             changes.append((key, "(unset)", after[key]))
     return changes
+
+
+#: what a config change means most for a resume, first: which model, on which data, then their sections
+_FIRST = ("model", "datasets", "model_config.", "dataset_config.")
+
+
+def _weight(key: str) -> tuple[int, str]:
+    """Sort key: :data:`_FIRST` in its order, then the rest alphabetically."""
+    return next((i for i, p in enumerate(_FIRST) if key == p or (p.endswith(".") and key.startswith(p))),
+                len(_FIRST)), key
 
 
 def _shipped_defaults() -> dict[str, Any]:
@@ -77,9 +87,22 @@ def _shipped_defaults() -> dict[str, Any]:
         return {}
 
 
-def _describe(changes: list[tuple[str, Any, Any]], limit: int = 8) -> str:
-    shown = ", ".join(f"{k} ({o!r} -> {n!r})" for k, o, n in changes[:limit])
-    return shown + (f" and {len(changes) - limit} more" if len(changes) > limit else "")
+def _describe(changes: list[tuple[str, Any, Any]], limit: int | None = 3, rest: str = "", width: int = 80) -> str:
+    """The first changes (at most ``limit``, the second and third only while within ``width``
+    characters, values cut short), then how many more (``rest``: where they are); ``limit=None``:
+    all of them, in full (for train.log)."""
+    def say(value: Any) -> str:
+        text = value if value == "(unset)" else repr(value)
+        return text if limit is None or len(text) <= 40 else text[:37] + "..."
+
+    shown: list[str] = []
+    for key, old, new in changes[:limit]:
+        item = f"{key} ({say(old).strip('()') if old == '(unset)' else say(old)} -> {say(new)})"
+        if shown and limit is not None and len(", ".join([*shown, item])) > width:
+            break
+        shown.append(item)
+    more = len(changes) - len(shown)
+    return ", ".join(shown) + (f" and {more} more{rest}" if more else "")
 
 
 def check_resume_config(state: Mapping[str, Any], config: Any, path: str, resets: list[str],
@@ -102,14 +125,38 @@ def check_resume_config(state: Mapping[str, Any], config: Any, path: str, resets
     if resets:
         if announce:
             log.warning("Resuming the weights of %s under changed settings (checkpoint.reset.%s): %s",
-                        path, "/".join(resets), _describe(changes))
+                        path, "/".join(resets), _describe(changes, limit=None))
         return
-    save_dir = str(config.env.save_dir)
+    said = _describe(changes, rest=" (all in train.log)")
+    if announce and said.endswith("(all in train.log)"):  # the line shows a few; train.log keeps them all
+        log.warning("every config difference from %s: %s", path, _describe(changes, limit=None))
     raise UserError(
-        f"the config differs from the one {path} was saved with: {_describe(changes)}. Choose: a new "
-        f"env.save_dir; or checkpoint.resume=false to start over (the old checkpoints are moved to "
-        f"{save_dir}/previous/<date>/); or checkpoint.reset.optimizer/scheduler/counts=true to resume "
-        "the weights under the new settings.")
+        f"{path} is from another config: {said}. Use another "
+        "env.save_dir, checkpoint.resume=false (start over) or checkpoint.reset.optimizer/scheduler/counts=true.")
+
+
+def weights_mismatch(state: Mapping[str, Any], config: Any, path: str, err: UserError) -> UserError:
+    """``err`` (the weights do not fit the model) said as what the checkpoint is: its own config
+    names the model and datasets it was trained with (a run that does not train compares no configs)."""
+    saved = state.get(schema.CONFIG)
+    if not isinstance(saved, Mapping) or "checkpoint from another model?" not in str(err):
+        return err
+    first = str(err).split("? ", 1)[1].split("; ")[0].rstrip(".")
+    was_model, now_model = saved.get("model"), config.get("model")
+    was_data, now_data = (", ".join(map(str, d or [])) for d in (saved.get("datasets"), config.get("datasets")))
+    if was_model != now_model:
+        return UserError(f"{path} holds a {was_model} model and this run builds {now_model} ({first}); point "
+                         f"checkpoint.resume_file at a {now_model} checkpoint, or run with model={was_model}.")
+    if was_data != now_data:
+        return UserError(f"{path} holds {was_model} trained on {was_data}, sized for that data, and this run is on "
+                         f"{now_data} ({first}); use a checkpoint trained on {now_data}, or fine-tune from this one "
+                         "with checkpoint.resume_pretrained=true.")
+    sized = [c for c in config_changes(saved, OmegaConf.to_container(config, resolve=True)) if c[0].startswith(
+        "model_config.")]
+    if sized:
+        return UserError(f"{path} was trained with other model settings, {_describe(sized)} ({first}); set them as "
+                         "the checkpoint has them, or use a checkpoint of these settings.")
+    return err
 
 
 def apply_resets(state: dict[str, Any], resets: list[str]) -> dict[str, Any]:
@@ -170,7 +217,10 @@ def resume(trainer: Any) -> str | None:
     fresh = [{k: v for k, v in g.items() if k != "params"} for g in trainer.optimizer.param_groups]
     if sharded:
         engine.load_sharded(path, optimizer=keep_optimizer)  # collective
-    trainer.load_state_dict(state)
+    try:
+        trainer.load_state_dict(state)  # the same state on every rank: all fail alike
+    except UserError as e:
+        raise weights_mismatch(state, trainer.config, path, e) from None
     if resets:
         adopt_config_hyperparameters(trainer.optimizer, trainer.scheduler, fresh,
                                      kept_optimizer=keep_optimizer, kept_scheduler=schema.SCHEDULER in state)

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from mmvl.io import LOCK
+from mmvl_cli.predict import main as predict_main
 from mmvl_cli.run import main
 from tests.fixtures.faults import ROOT, child_env, launch_ranks
 from tests.fixtures.toy import register, toy_opts
@@ -38,6 +39,9 @@ def world(tmp_path_factory) -> Path:
     (files / "b.yaml").write_text("includes: [a.yaml]\n")
     (files / "syntax.yaml").write_text("training:\n  seed: [1, 2\n")
     (files / "list.yaml").write_text("- model\n- toy_mlp\n")
+    (files / "binary.yaml").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)))  # a picture saved as .yaml
+    (files / "eval.yaml").write_text("training:\n  seed: ${eval:__import__('os').getpid()}\n")
+    (files / "resolver.yaml").write_text('training:\n  seed: ${eval:"1 + 1"}\n')
     (files / "notes.ckpt").write_text("not a checkpoint\n")
     torch.save(torch.zeros(3), files / "tensor.ckpt")
     data = (base / "previous" / "save" / "checkpoints" / "last.ckpt").read_bytes()
@@ -68,6 +72,8 @@ class Row:
     prepare: Callable[[Ctx], None] | None = None
     fresh: bool = False  # start from an empty save_dir instead of a finished run
     vl: str | None = None  # run on this vision-and-language dataset (tiny concat_bert) instead of toy
+    predict: bool = False  # mmvl_predict instead of mmvl_run
+    slow: bool = False  # with the slow tests (the fast suite is near its budget)
 
 
 def _corrupt_all(ctx: Ctx) -> None:
@@ -92,6 +98,14 @@ ROWS = [
     Row("missing config file", lambda c: [f"config={c.files / 'nope.yaml'}"], "nope.yaml"),
     Row("yaml syntax error", lambda c: [f"config={c.files / 'syntax.yaml'}"], "syntax.yaml line 3"),
     Row("yaml not a mapping", lambda c: [f"config={c.files / 'list.yaml'}"], "list.yaml"),
+    Row("config is a binary file", lambda c: [f"config={c.files / 'binary.yaml'}"],
+        "binary.yaml' is not a text file (byte 0x89 at offset 0 is not UTF-8); expected a UTF-8 YAML file"),
+    Row("an expression in a config file", lambda c: [f"config={c.files / 'eval.yaml'}"],
+        "key 'training.seed': not a valid ${...} interpolation (token recognition error at: '('); expected ${a.key}"),
+    Row("an expression on the command line", lambda c: ["training.seed=${eval:len('ab')}"],
+        "not a valid ${...} interpolation (token recognition error at: '('); expected ${a.key}"),
+    Row("an unknown resolver", lambda c: [f"config={c.files / 'resolver.yaml'}"],
+        "'${eval:...}' is not a resolver (known: env, device_count"),
     Row("user_dir missing", lambda c: [f"env.user_dir={c.root / 'no_such_dir'}"], "env.user_dir"),
     # registry names
     Row("unknown model", lambda c: ["model=toy_mlpp"], "'toy_mlpp'. Did you mean 'toy_mlp'"),
@@ -123,8 +137,24 @@ ROWS = [
     Row("checkpoint of another model", lambda c: ["model_config.toy_mlp.hidden_size=32"],
         "model_config.toy_mlp.hidden_size (16 -> 32)"),  # resume=auto compares the configs first
     Row("checkpoint of another model, evaluated", lambda c: ["run_type=val", "model_config.toy_mlp.hidden_size=32"],
-        "key 'net.0.weight': checkpoint (16, 8) vs model (32, 8)"),
+        "trained with other model settings, model_config.toy_mlp.hidden_size (16 -> 32) (key 'net.0.weight': "
+        "checkpoint (16, 8) vs model (32, 8))"),
+    Row("checkpoint trained on another dataset, evaluated", lambda c: ["run_type=val", "model_config.toy_mlp.hidden_size=32"],
+        "holds toy_mlp trained on sort_of_clevr, sized for that data, and this run is on toy (key 'net.0.weight'",
+        prepare=lambda c: _forge_config(c, datasets=["sort_of_clevr"])),
+    Row("checkpoint of another model by its config, evaluated",
+        lambda c: ["run_type=val", "model_config.toy_mlp.hidden_size=32"],
+        "holds a relation_network model and this run builds toy_mlp (key 'net.0.weight'", slow=True,
+        prepare=lambda c: _forge_config(c, model="relation_network")),
+    Row("resume into another model", lambda c: [],
+        "last.ckpt is from another config: model ('relation_network' -> 'toy_mlp') and 6 more (all in train.log)",
+        prepare=lambda c: _forge_config(c, model="relation_network", model_config={"relation_network": {}},
+                                        training={"seed": 9, "batch_size": 3, "max_updates": 100})),
     Row("every checkpoint corrupt", lambda c: [], "no loadable checkpoint", prepare=_corrupt_all),
+    Row("predictions is a file", lambda c: [], "predictions' is a file, and the predictions go into a folder",
+        predict=True, prepare=lambda c: (c.save / "predictions").write_text("my notes\n")),
+    Row("a prediction file is a folder", lambda c: [], "toy_test.json' is a folder", predict=True,
+        prepare=lambda c: (c.save / "predictions" / "toy_test.json").mkdir(parents=True)),
     Row("the user's config.yaml in save_dir", lambda c: [f"config={c.save / 'config.yaml'}"],
         lambda c: f"'{c.save / 'config.yaml'}' is not a config mmvl wrote",
         prepare=lambda c: (c.save / "config.yaml").write_text("training:\n  seed: 1\n")),
@@ -142,10 +172,49 @@ ROWS = [
     Row("image does not decode in a DataLoader worker", lambda c: ["training.num_workers=1"],
         ".png' cannot be decoded", vl="hateful_memes", fresh=True,
         prepare=lambda c: _break_images(c.root / "data/hateful_memes/img", range(1000, 1008))),
+    Row("sort_of_clevr questions truncated", lambda c: _SOC, "train_questions.json has",
+        vl="sort_of_clevr", fresh=True, slow=True, prepare=lambda c: _truncate(_soc(c) / "train_questions.json")),
+    Row("sort_of_clevr questions corrupt, same size", lambda c: _SOC,
+        "train_questions.json' does not read (JSONDecodeError", vl="sort_of_clevr", fresh=True, slow=True,
+        prepare=lambda c: _scramble(_soc(c) / "train_questions.json")),
+    Row("sort_of_clevr images corrupt, same size", lambda c: _SOC, "train.npz' does not read (BadZipFile",
+        vl="sort_of_clevr", fresh=True, slow=True, prepare=lambda c: _scramble(_soc(c) / "train.npz")),
     Row("feature LMDB missing", lambda c: _features("feats/none.lmdb"), "feats/none.lmdb", vl="hateful_memes"),
     Row("feature LMDB corrupt", lambda c: _features("feats/bad.lmdb"), "bad.lmdb is not a readable LMDB",
         vl="hateful_memes", fresh=True, prepare=lambda c: _bad_lmdb(c.root / "data/feats/bad.lmdb")),
 ]
+
+
+#: a tiny generated Sort-of-CLEVR
+_SOC = [f"dataset_config.sort_of_clevr.{k}={v}" for k, v in {
+    "num_images": 4, "num_val_images": 2, "num_test_images": 2, "questions_per_image": 2, "object_size": 1}.items()]
+
+
+def _soc(ctx: Ctx) -> Path:
+    """Generate the rows' Sort-of-CLEVR (as mmvl_run would) and return its folder."""
+    from mmvl.config import load_config
+    from mmvl.registry import DATASETS
+
+    config = load_config(vl_opts("sort_of_clevr", ctx.root, *_SOC))
+    builder = DATASETS.get("sort_of_clevr")(config.dataset_config.sort_of_clevr, str(ctx.root / "data"))
+    builder.prepare()
+    return builder.root
+
+
+def _scramble(path: Path) -> None:
+    """Overwrite the last quarter of ``path`` with other bytes of the same length (its size stays)."""
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) * 3 // 4] + b"#" * (len(data) - len(data) * 3 // 4))
+
+
+def _forge_config(ctx: Ctx, **saved) -> None:
+    """Make every checkpoint say (in its own config) it was trained with ``saved`` merged in."""
+    for path in (ctx.save / "checkpoints").glob("*.ckpt"):
+        state = torch.load(path, weights_only=True)
+        for key, value in saved.items():
+            merged = state["config"].get(key)
+            state["config"][key] = {**merged, **value} if isinstance(value, dict) and key != "model_config" else value
+        torch.save(state, path)
 
 
 def _truncate(path: Path) -> None:
@@ -207,11 +276,17 @@ def assert_unchanged(before: dict[str, str], save: Path) -> None:
     assert after == before, "the save_dir was changed"
 
 
-def assert_one_line(err: str, needle: str, prefix: str = "mmvl: error: ") -> None:
+def assert_one_line(err: str, needle: str, prefix: str = "mmvl: error: ", roots: tuple[Path, ...] = ()) -> None:
+    """One line with ``needle``, under 300 characters once the test's own folders (``roots``, long
+    pytest names) are written as ``/run``."""
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1, err
     assert lines[0].startswith(prefix), err
     assert needle in lines[0], f"{needle!r} not in: {lines[0]}"
+    short = lines[0]
+    for root in roots:
+        short = short.replace(str(root), "/run")
+    assert len(short) < 300, f"{len(short)} characters: {short}"
     assert "Traceback" not in err
 
 
@@ -222,21 +297,24 @@ def setup_row(row: Row, world: Path, root: Path) -> Ctx:
     if row.vl:
         from tests.fixtures import vl_data
 
-        getattr(vl_data, f"write_{row.vl}")(root / "data")
+        write = getattr(vl_data, f"write_{row.vl}", None)  # generated datasets need no files
+        if write is not None:
+            write(root / "data")
     if row.prepare:
         row.prepare(ctx)
     return ctx
 
 
-@pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])
+@pytest.mark.parametrize("row", [pytest.param(r, marks=[pytest.mark.slow] if r.slow else []) for r in ROWS],
+                         ids=[r.id for r in ROWS])
 def test_bad_input_in_process(row, world, tmp_path, capsys):
     ctx = setup_row(row, world, tmp_path)
     before = snapshot(ctx.save)
     opts = vl_opts(row.vl, tmp_path, *row.extra(ctx)) if row.vl else toy_opts(tmp_path, *row.extra(ctx))
-    code = main(opts)
+    code = (predict_main if row.predict else main)(opts)
     err = capsys.readouterr().err
     assert code == 2, err
-    assert_one_line(err, row.needle(ctx) if callable(row.needle) else row.needle)
+    assert_one_line(err, row.needle(ctx) if callable(row.needle) else row.needle, roots=(tmp_path, world))
     if row.fresh:  # the error comes with the first batch: nothing to protect, nothing saved
         assert not (ctx.save / "checkpoints").exists()
     else:
@@ -292,3 +370,35 @@ def test_batch_not_divisible_by_world_size(processes):
         assert r.returncode == 2, r.stderr
         prefix = "mmvl: error: " if rank == 0 else "mmvl: error (rank 1): "
         assert_one_line(r.stderr, "training.batch_size=7 is not divisible by the world size 2", prefix)
+
+
+# -- faults: the run stops with one line, the last good checkpoint loads, a resume goes on -------
+FAULTS = {  # what the disk reports -> what the line must say
+    "disk full": (("free_bytes", lambda folder: 0), "the disk is full"),
+    "file-size limit": (("file_size_limit", lambda: 64), "the file-size limit (ulimit -f: 64 B)"),
+}
+
+
+@pytest.mark.parametrize("fault", list(FAULTS), ids=list(FAULTS))
+def test_no_room_for_a_checkpoint(fault, world, tmp_path, capsys, monkeypatch):
+    from mmvl.checkpoint import load_checkpoint
+    from mmvl.checkpoint.schema import update_of
+    from mmvl.utils import disk
+
+    (name, fake), needle = FAULTS[fault]
+    shutil.copytree(world / "previous" / "save", tmp_path / "save")
+    last = tmp_path / "save" / "checkpoints" / "last.ckpt"
+    saved = update_of(load_checkpoint(last))
+    more = toy_opts(tmp_path, f"training.max_updates={saved + 2}", "training.checkpoint_interval=2")
+    with monkeypatch.context() as patch:
+        patch.setattr(disk, name, fake)
+        code = main(more)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert_one_line(err, needle, roots=(tmp_path,))
+    assert f"last.ckpt (update {saved}) is intact" in err and "(nothing written)" in err, err
+    assert update_of(load_checkpoint(last)) == saved
+    assert not [p for p in last.parent.iterdir() if p.name.endswith(".tmp")]
+    if fault == "disk full":  # room again: the resume goes on (once is enough, for time)
+        assert main(more) == 0, capsys.readouterr().err
+        assert update_of(load_checkpoint(last)) == saved + 2

@@ -39,9 +39,13 @@ def _weights(trainer: Trainer) -> dict[str, torch.Tensor]:
 def test_changed_lr_is_refused_with_the_keys_and_the_choices(tmp_path, capsys):
     assert main(_opts(tmp_path)) == 0
     before = sorted(os.listdir(tmp_path / "save" / "checkpoints"))
-    assert main(_opts(tmp_path, "optimizer.params.lr=0.001", "training.seed=5")) == 2
-    line = _one_error_line(capsys)
-    assert "optimizer.params.lr (0.01 -> 0.001)" in line and "training.seed (1 -> 5)" in line
+    changed = ["optimizer.params.lr=0.001", "training.seed=5", "training.batch_size=4",
+               "model_config.toy_mlp.hidden_dropout_prob=0.25"]
+    assert main(_opts(tmp_path, *changed)) == 2
+    line = _one_error_line(capsys)  # the model's change first, a few more, the rest counted
+    assert "another config: model_config.toy_mlp.hidden_dropout_prob (0.0 -> 0.25) and 3 more (all in train.log)" in line
+    logged = [text for text in (tmp_path / "save" / "train.log").read_text().splitlines() if "every config" in text]
+    assert len(logged) == 1 and all(f"{key} (" in logged[0] for key in (c.split("=")[0] for c in changed))
     for choice in ("env.save_dir", "checkpoint.resume=false", "checkpoint.reset.optimizer"):
         assert choice in line
     assert sorted(os.listdir(tmp_path / "save" / "checkpoints")) == before  # nothing touched
@@ -175,6 +179,10 @@ def test_config_changes_and_safe_keys():
     defaults = {"training": {"new_knob": 0}}
     assert config_changes(old, new, defaults) == [("optimizer.params.betas", "(unset)", [0.9, 0.98]),
                                                   ("training.seed", 1, 2)]
+    moved = {**new, "model": "b", "datasets": ["y"], "model_config": {"b": {"size": 2}}, "dataset_config": {"y": 1}}
+    assert [key for key, *_ in config_changes({**old, "model": "a", "datasets": ["x"]}, moved)] == [
+        "model", "datasets", "model_config.b.size", "dataset_config.y", "optimizer.params.betas",
+        "training.new_knob", "training.seed"]  # what matters most first, then alphabetical
     assert resume_safe("env.save_dir") and resume_safe("distributed.world_size")
     assert not resume_safe("training.seed") and not resume_safe("environment")
 

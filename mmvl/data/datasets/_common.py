@@ -163,7 +163,7 @@ class ImageLoading:
             image = decode_image(path)
         except (OSError, ValueError) as e:
             if self.policy == "error":
-                raise UserError(f"{self.dataset}: image {str(path)!r} cannot be decoded ({e}); replace the file or "
+                raise UserError(f"{self.dataset}: image {str(path)!r} cannot be decoded ({str(e).replace(repr(str(path)), 'it').replace(str(path), 'it')}); replace the file or "
                                 "set on_bad_image: skip.") from None
             self.skipped += 1
             log.warning("%s: skipped undecodable image %s (%s); %d skipped so far in this process",
