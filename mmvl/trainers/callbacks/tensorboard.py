@@ -25,6 +25,7 @@ from mmvl.errors import UserError
 from mmvl.registry import register_callback
 from mmvl.runs import BOOKKEEPING, flatten
 from mmvl.trainers.callbacks.base import Callback
+from mmvl.trainers.state import TrainerProtocol
 
 log = logging.getLogger("mmvl")
 #: the values of training.tensorboard
@@ -50,7 +51,7 @@ class TensorBoardCallback(Callback):
     def wanted(cls, config: Any) -> bool:
         return tensorboard_enabled(config)
 
-    def __init__(self, trainer: Any, **params: Any):
+    def __init__(self, trainer: TrainerProtocol, **params: Any):
         super().__init__(trainer)
         self.main = trainer.engine.is_main_process
         self.dir = os.path.join(str(trainer.config.env.save_dir), "tensorboard")
@@ -69,11 +70,11 @@ class TensorBoardCallback(Callback):
         if not self.main:
             return
         # a resumed run tells TensorBoard to drop what an earlier process logged past this update
-        self._writer(purge_step=self.trainer.update or None)
+        self._writer(purge_step=self.trainer.state.update or None)
         text = OmegaConf.to_yaml(self.trainer.config, resolve=True)
         # four-space indentation makes TensorBoard's Markdown show it as a code block
         self._writer().add_text("config", "\n".join("    " + line for line in text.splitlines()),
-                                self.trainer.update)
+                                self.trainer.state.update)
 
     def on_log(self, event: dict[str, Any]) -> None:
         if not self.main or event.get("split") != "train":
@@ -90,7 +91,7 @@ class TensorBoardCallback(Callback):
         writer = self._writer()
         for dataset, values in results.items():
             for key, value in _numbers(values).items():
-                writer.add_scalar(f"{split}/{dataset}/{key}", value, self.trainer.update)
+                writer.add_scalar(f"{split}/{dataset}/{key}", value, self.trainer.state.update)
         writer.flush()
 
     def on_train_end(self) -> None:
@@ -99,7 +100,7 @@ class TensorBoardCallback(Callback):
         from torch.utils.tensorboard.summary import hparams
 
         final = {k: v for k, v in self.last_train.items() if k == "train/total_loss"}
-        last = self.trainer.last_eval
+        last = self.trainer.state.last_eval
         if last is not None:
             _, split, results = last
             final.update({f"{split}/{d}/{k}": v for d, values in results.items()
@@ -108,7 +109,7 @@ class TensorBoardCallback(Callback):
         hp = {k: v if isinstance(v, (bool, int, float, str)) else json.dumps(v) for k, v in config.items()}
         writer = self._writer()
         for summary in hparams(hp, final):
-            writer.file_writer.add_summary(summary, self.trainer.update)
+            writer.file_writer.add_summary(summary, self.trainer.state.update)
         writer.close()
         self.writer = None
 
