@@ -13,6 +13,7 @@ from typing import Any, NamedTuple, Protocol
 
 from omegaconf import DictConfig
 
+from mmvl.config import schema
 from mmvl.distributed.env import DistEnv
 from mmvl.engine import Engine
 from mmvl.utils.flops import FlopCount
@@ -69,11 +70,29 @@ class TrainerState:
                 and last.split == "val")
 
 
+@dataclasses.dataclass(frozen=True)
+class Sections:
+    """The typed config sections callbacks read, built once from the loaded config (each callback
+    reads its own part, e.g. ``sections.training.early_stop``, never ``config_value`` lookups)."""
+
+    training: schema.Training
+    checkpoint: schema.Checkpoint
+    env: schema.Env
+    #: the stages ``run_type`` names (train, val, test)
+    stages: frozenset[str]
+
+    @classmethod
+    def of(cls, config: Any) -> "Sections":
+        return cls(schema.section(config, "training"), schema.section(config, "checkpoint"),
+                   schema.section(config, "env"), schema.stages(config))
+
+
 class TrainerProtocol(Protocol):
     """What a callback may read and call on its Trainer (nothing else of it is a contract)."""
 
     state: TrainerState
-    config: DictConfig
+    sections: Sections
+    config: DictConfig  # the whole resolved config, for what records it (TensorBoard's hparams)
     env: DistEnv
     engine: Engine  # device, precision and the only door to collectives
     flops: FlopCount

@@ -38,7 +38,7 @@ from mmvl.trainers.evaluation import BestTracker, prepare_split
 from mmvl.trainers.evaluation import evaluate as evaluate_split
 from mmvl.trainers.finite import NonFiniteGuard, NonFiniteLossError
 from mmvl.trainers.resume import load_pretrained, resume
-from mmvl.trainers.state import HOOKS, LOG_HOOK, Best, Evaluation, TrainerState
+from mmvl.trainers.state import HOOKS, LOG_HOOK, Best, Evaluation, Sections, TrainerState
 from mmvl.utils.flops import FlopCount, batch_tokens
 from mmvl.utils.rng import seed_everything
 
@@ -63,6 +63,7 @@ class Trainer:
         from mmvl.distributed.init import init_distributed
 
         self.config = config
+        self.sections = Sections.of(config)  # what callbacks read of the config
         self.env = env or init_distributed(config)
         t = config.training
         def own_save_dir() -> None:  # rank 0; every rank learns of a refusal (no rank waits for it)

@@ -13,14 +13,14 @@ from mmvl.errors import UserError
 from mmvl.trainers import Trainer
 from mmvl.trainers.callbacks import Callback, CheckpointCallback, EarlyStopCallback
 from mmvl.trainers.evaluation import BestTracker
-from mmvl.trainers.state import HOOKS, LOG_HOOK, Best, Evaluation, TrainerState
+from mmvl.trainers.state import HOOKS, LOG_HOOK, Best, Evaluation, Sections, TrainerState
 
 
 def _host(**training) -> SimpleNamespace:
     """What a callback sees of a Trainer (TrainerProtocol), with save_checkpoint recording its calls."""
     config = OmegaConf.create({"training": {"checkpoint_interval": 0, **training}})
-    host = SimpleNamespace(state=TrainerState(max_updates=100), config=config, saved=[], callbacks=[],
-                           _published=[])
+    host = SimpleNamespace(state=TrainerState(max_updates=100), sections=Sections.of(config), saved=[],
+                           callbacks=[], _published=[])
     host.save_checkpoint = lambda is_best=False, full=False: host.saved.append((host.state.update, is_best))
     host.publish = MethodType(Trainer.publish, host)
     host.dispatch = MethodType(Trainer.dispatch, host)
@@ -142,3 +142,28 @@ def test_best_round_trips_and_older_checkpoints_give_it_from_early_stop_state():
         Trainer._load_counters(old, {schema.UPDATE: 6, schema.WORLD_SIZE: 1})
         Trainer._load_callbacks(old, {key: {"best_value": 0.5, "best_update": 4}})
         assert old.state.best == Best(0.5, 4)
+
+
+def test_built_in_callbacks_read_only_their_sections(tmp_path):
+    """Built on a host without ``config``: each callback takes its values from ``trainer.sections``."""
+    import torch
+
+    from mmvl.trainers.callbacks import EvaluationCallback, LoggingCallback, PreemptionCallback, ProfilerCallback
+
+    config = OmegaConf.create({
+        "run_type": "train", "env": {"save_dir": str(tmp_path)}, "checkpoint": {"slurm_requeue": True},
+        "training": {"log_interval": 7, "checkpoint_interval": 5, "evaluation_interval": 3,
+                     "preemption_check_interval": 2, "progress_bar": False,
+                     "early_stop": {"enabled": True, "patience": 9}, "profiler": {"wait": 1}}})
+    engine = SimpleNamespace(is_main_process=True, device=torch.device("cpu"), precision="fp32")
+    host = SimpleNamespace(state=TrainerState(), sections=Sections.of(config), engine=engine)
+    assert not hasattr(host, "config")
+    assert (EvaluationCallback(host).interval, EvaluationCallback(host).enabled) == (3, True)  # early stop on
+    assert (EarlyStopCallback(host).enabled, EarlyStopCallback(host).patience) == (True, 9)
+    assert CheckpointCallback(host).interval == 5
+    preemption = PreemptionCallback(host)
+    assert (preemption.interval, preemption.requeue) == (2, True)
+    logging = LoggingCallback(host)
+    assert (logging.interval, logging.progress_bar, logging.path) == (7, False, str(tmp_path / "metrics.jsonl"))
+    profiler = ProfilerCallback(host)
+    assert profiler.window == {"wait": 1, "warmup": 2, "active": 3} and not profiler.enabled

@@ -23,7 +23,7 @@ class CheckpointCallback(Callback):
 
     def __init__(self, trainer: TrainerProtocol, **params: Any):
         super().__init__(trainer)
-        self.interval = int(trainer.config.training.checkpoint_interval or 0)
+        self.interval = int(trainer.sections.training.checkpoint_interval or 0)
 
     def on_update_end(self, info: dict[str, Any]) -> None:
         state = self.trainer.state

@@ -18,9 +18,9 @@ from mmvl.trainers.state import TrainerProtocol
 class EarlyStopCallback(Callback):
     def __init__(self, trainer: TrainerProtocol, **params: Any):
         super().__init__(trainer)
-        cfg = trainer.config.training.early_stop
+        cfg = trainer.sections.training.early_stop
         self.enabled = bool(cfg.enabled)
-        self.patience = int(cfg.get("patience") or 0)
+        self.patience = int(cfg.patience or 0)
 
     def on_evaluation_end(self, split: str, results: dict[str, dict[str, float]]) -> None:
         state = self.trainer.state

@@ -36,16 +36,17 @@ class LoggingCallback(Callback):
     def __init__(self, trainer: TrainerProtocol, **params: Any):
         super().__init__(trainer)
         self.main = trainer.engine.is_main_process
-        self.interval = max(1, int(trainer.config.training.log_interval or 1))
-        self.path = os.path.join(str(trainer.config.env.save_dir), "metrics.jsonl")
+        training = trainer.sections.training
+        self.interval = max(1, int(training.log_interval or 1))
+        self.progress_bar = bool(training.progress_bar)
+        self.path = os.path.join(str(trainer.sections.env.save_dir), "metrics.jsonl")
         if self.main:  # a run killed while writing left half an event: cut it, or the next one joins it
             torn = cut_torn_line(self.path)
             if torn:
                 log.warning("metrics.jsonl ended in an unfinished line (%d bytes, from a run that was killed "
                             "while writing it); removed it before appending", torn)
         self.bar: tqdm | None = None
-        t = trainer.config.training
-        self.peak = peak_flops(trainer.engine.device, trainer.engine.precision, t.get("peak_tflops"))
+        self.peak = peak_flops(trainer.engine.device, trainer.engine.precision, training.peak_tflops)
         self.flops_per_sample: float | None = None
         self.wall_before, self.wall_start = 0.0, time.perf_counter()  # wall_s of earlier segments
         self._reset_window()
@@ -66,10 +67,10 @@ class LoggingCallback(Callback):
         self.trainer.publish(event)
 
     def on_train_start(self) -> None:
-        t, state = self.trainer, self.trainer.state
+        state = self.trainer.state
         # a bar only on a terminal: in a file (a SLURM log) its \r frames are noise, and the
         # log lines below say the same (update/total, loss, speed, time left)
-        if self.main and t.config.training.get("progress_bar", True) and sys.stderr.isatty():
+        if self.main and self.progress_bar and sys.stderr.isatty():
             self.bar = tqdm(total=state.max_updates, initial=state.update, desc="train", unit="upd",
                             dynamic_ncols=True, leave=False)
         self._reset_window()

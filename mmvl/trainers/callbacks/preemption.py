@@ -38,7 +38,8 @@ class PreemptionCallback(Callback):
         super().__init__(trainer)
         self.received: int | None = None
         self._previous: dict[int, Any] = {}
-        interval = trainer.config.training.get("preemption_check_interval")
+        interval = trainer.sections.training.preemption_check_interval
+        self.requeue = bool(trainer.sections.checkpoint.slurm_requeue)
         self.interval = 1 if interval is None else int(interval)
         if self.interval < 1:
             raise UserError(f"training.preemption_check_interval={self.interval} must be >= 1 (updates "
@@ -87,7 +88,7 @@ class PreemptionCallback(Callback):
             t.save_checkpoint()
         state.should_stop = True
         state.preempted = name
-        if (t.config.checkpoint.get("slurm_requeue") and "SLURM_JOB_ID" in os.environ
+        if (self.requeue and "SLURM_JOB_ID" in os.environ
                 and t.engine.is_main_process and signum != signal.SIGINT):  # Ctrl-C: the user stops it
             job = os.environ["SLURM_JOB_ID"]
             result = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)

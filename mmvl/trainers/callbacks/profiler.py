@@ -29,13 +29,13 @@ log = logging.getLogger("mmvl")
 class ProfilerCallback(Callback):
     def __init__(self, trainer: TrainerProtocol, **params: Any):
         super().__init__(trainer)
-        cfg = trainer.config.training.get("profiler") or {}
-        self.enabled = bool(cfg.get("enabled", False)) and trainer.engine.is_main_process
-        self.window = {k: int(cfg.get(k, d)) for k, d in (("wait", 5), ("warmup", 2), ("active", 3))}
+        cfg = trainer.sections.training.profiler
+        self.enabled = bool(cfg.enabled) and trainer.engine.is_main_process
+        self.window = {k: int(getattr(cfg, k)) for k in ("wait", "warmup", "active")}
         if self.window["active"] < 1 or self.window["wait"] < 0 or self.window["warmup"] < 0:
             raise UserError(f"training.profiler: wait={self.window['wait']}, warmup={self.window['warmup']}, "
                             f"active={self.window['active']}; use wait, warmup >= 0 and active >= 1.")
-        self.directory = os.path.join(str(trainer.config.env.save_dir), "profiler")
+        self.directory = os.path.join(str(trainer.sections.env.save_dir), "profiler")
         self.profiler: torch.profiler.profile | None = None
         self.trace: str | None = None
 
