@@ -22,13 +22,17 @@ def test_no_trainer_module_imports_comm(path):
     assert comm_imports(path) == []
 
 
-def test_a_planted_comm_import_is_found():
-    """Not vacuous: ``from mmvl.distributed import comm`` inside a function, and the module by name."""
+@pytest.fixture
+def planted():
+    """A throwaway module under mmvl/trainers (removed afterwards, whatever the test does)."""
     fake = ROOT / "mmvl" / "trainers" / "callbacks" / "_planted_for_test.py"
-    try:
-        fake.write_text("def f():\n    from mmvl.distributed import comm\n"
-                        "    from mmvl.distributed.comm import AsyncMax\n", encoding="utf-8")
-        found = comm_imports(fake)
-    finally:
-        fake.unlink()
+    yield fake
+    fake.unlink(missing_ok=True)
+
+
+def test_a_planted_comm_import_is_found(planted):
+    """Not vacuous: ``from mmvl.distributed import comm`` inside a function, and a name from it."""
+    planted.write_text("def f():\n    from mmvl.distributed import comm\n"
+                       "    from mmvl.distributed.comm import AsyncMax\n", encoding="utf-8")
+    found = comm_imports(planted)
     assert len(found) == 2 and all(COMM in f for f in found)
