@@ -11,7 +11,7 @@ defined here and nowhere else:
 ``optimizer``           the optimizer's state dict (torch's integer-indexed form)
 ``scaler``              the fp16 grad scaler's state (fp16 runs only)
 ``scheduler``           the LR scheduler's state
-``trainer``             the loop's counters: ``update``, ``world_size``
+``trainer``             the loop's counters: ``update``, ``world_size``, ``best_value``, ``best_update``
 ``data``                the training stream's position (epoch, batch; multi-dataset state)
 ``rng``                 one RNG state per rank (python, numpy, torch, CUDA)
 ``callbacks``           each callback's state, by name
@@ -46,6 +46,10 @@ SHARDED_KEYS = (MODEL, OPTIMIZER)
 #: counters under :data:`TRAINER`
 UPDATE = "update"
 WORLD_SIZE = "world_size"
+#: the best validation value and its update under :data:`TRAINER` (absent before mmvl kept them
+#: there: such checkpoints hold them in the ``early_stop`` callback's state)
+BEST_VALUE = "best_value"
+BEST_UPDATE = "best_update"
 
 #: 2: this layout with its ``format`` key; 1: the same keys without it (mmvl before issue 18)
 FORMAT_VERSION = 2

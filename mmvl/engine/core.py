@@ -34,7 +34,7 @@ import atexit
 import contextlib
 import os
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -258,6 +258,37 @@ class Engine(AcceleratorMembers):
 
     def wait_for_everyone(self) -> None:
         comm.synchronize()
+
+    # thin doors to mmvl.distributed.comm for trainers and callbacks (static: they need no prepared state)
+    @staticmethod
+    def all_reduce(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        """``tensor`` reduced in place over every rank (``op``: sum, mean, max, min)."""
+        return comm.all_reduce(tensor, op)
+
+    @staticmethod
+    def reduce_dict(values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Each scalar's mean over the ranks, in one all-reduce for the whole dict."""
+        return comm.reduce_dict(values)
+
+    @staticmethod
+    def gather_object(obj: Any) -> list[Any]:
+        """Every rank's picklable ``obj``, in rank order, on every rank."""
+        return comm.all_gather_object(obj)
+
+    @staticmethod
+    def async_max(value: int) -> comm.AsyncMax:
+        """The maximum of ``value`` over the ranks, started now and read later (``.result()``)."""
+        return comm.AsyncMax(value)
+
+    @staticmethod
+    def on_main_agreed(fn: Callable[[], Any], what: str) -> Any:
+        """``fn`` on rank 0 only, its result broadcast; when it fails every rank raises."""
+        return comm.on_main_agreed(fn, what)
+
+    @staticmethod
+    def all_ranks_agreed(error: str | None, what: str) -> None:
+        """Each rank's own problem (or None); when any rank has one, every rank raises it."""
+        comm.all_ranks_agreed(error, what)
 
     def unwrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
         return self.strategy.unwrap(model)

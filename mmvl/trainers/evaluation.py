@@ -27,30 +27,33 @@ import torch
 
 from mmvl.data.loaders import eval_loader, resolve_pin_memory
 from mmvl.data.predictions import PredictionWriter
-from mmvl.distributed import comm
+from mmvl.engine import Engine
 from mmvl.errors import UserError
 from mmvl.losses import compute_losses
 from mmvl.metrics import Metric
+from mmvl.runs import resolve_metric
+from mmvl.trainers.state import Best, TrainerState
 
 log = logging.getLogger("mmvl")
 LOG_EVERY_S = 60.0
 
 
-def prepare_split(builders: Mapping[str, Any], split: str) -> None:
-    """``builder.prepare_split(split)`` on rank 0 first (it builds the caches) while the others wait."""
+def prepare_split(builders: Mapping[str, Any], split: str, is_main: bool) -> None:
+    """``builder.prepare_split(split)`` on rank 0 (``is_main``) first, which builds the caches, while
+    the others wait."""
     for builder in builders.values():
         prepare = getattr(builder, "prepare_split", None)  # builders not derived from DatasetBuilder lack it
         if prepare is None:
             continue
-        comm.on_main_agreed(lambda: prepare(split), f"prepare the {split} split")
-        if not comm.is_main_process():
+        Engine.on_main_agreed(lambda: prepare(split), f"prepare the {split} split")
+        if not is_main:
             prepare(split)
 
 
 @torch.no_grad()
 def evaluate(trainer: Any, split: str) -> dict[str, dict[str, float]]:
     """Metrics (and losses) over the whole ``split`` of each of the trainer's datasets."""
-    prepare_split(trainer.builders, split)
+    prepare_split(trainer.builders, split, trainer.engine.is_main_process)
     trainer.model.eval()
     try:
         return {name: _evaluate_dataset(trainer, name, builder, split) for name, builder in trainer.builders.items()}
@@ -71,7 +74,7 @@ def _evaluate_dataset(trainer: Any, name: str, builder: Any, split: str) -> dict
     for m in metrics:
         m.reset()
     active: list[Metric] | None = None  # decided on the first batch: an unlabelled split has no targets
-    losses = _LossSums()
+    losses = _LossSums(engine)
     writer = None
     if config.evaluation.get("predict"):
         writer = PredictionWriter(str(config.env.save_dir), name, split, builder.prediction_format) \
@@ -97,7 +100,7 @@ def _evaluate_dataset(trainer: Any, name: str, builder: Any, split: str) -> dict
             losses.add(output.get("losses") or {}, trainer.losses if "targets" in batch else [], batch, out, valid)
             if writer is not None:
                 rows = builder.predictions(batch, scores) if valid else []
-                writer.write(_in_dataset_order(comm.all_gather_object(rows)))
+                writer.write(_in_dataset_order(engine.gather_object(rows)))
             progress.update(valid * env.world_size if env.world_size > 1 else valid)
     except BaseException:
         if writer is not None:
@@ -118,6 +121,34 @@ def _evaluate_dataset(trainer: Any, name: str, builder: Any, split: str) -> dict
             log.info("Wrote %s predictions to %s", split, path)
     progress.log_done()
     return values
+
+
+class BestTracker:
+    """Keeps ``state.best``: the best validation value of ``training.early_stop.criteria``
+    (``<dataset>/<metric>``; null: the first dataset's first metric that is not a loss).
+
+    The Trainer calls :meth:`update` after every evaluation and before dispatching
+    ``on_evaluation_end``; lower is better for losses unless ``minimize`` says otherwise. Every
+    rank holds the same gathered results, so every rank keeps the same best.
+    """
+
+    def __init__(self, criteria: str | None, minimize: bool | None, loss_names: set[str]):
+        self.criteria, self.minimize = criteria, minimize
+        self.loss_names = set(loss_names)  # never the default criterion
+
+    def saw_losses(self, names: Any) -> None:
+        """Add the names of the losses a model returns itself (from an update's ``info["losses"]``)."""
+        self.loss_names.update(names)
+
+    def update(self, state: TrainerState, split: str, results: dict[str, dict[str, float]]) -> None:
+        if split != "val":
+            return
+        dataset, metric = resolve_metric(self.criteria, results, "training.early_stop.criteria", self.loss_names)
+        value = float(results[dataset][metric])
+        minimize = self.minimize if self.minimize is not None else metric.endswith("loss")
+        best = state.best.value
+        if best is None or (value < best if minimize else value > best):
+            state.best = Best(value, state.update)
 
 
 def as_metric(metric: Any) -> Metric:
@@ -186,7 +217,8 @@ class _LossSums:
     a loss averaged over tokens is weighted by the samples of its batch.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
         self.sums: dict[str, torch.Tensor] = {}
         self.counts: dict[str, int] = {}
 
@@ -203,7 +235,7 @@ class _LossSums:
 
     def reduce(self) -> dict[str, float]:
         """Means over every rank's samples; ``total_loss`` is their sum (empty for unlabelled splits)."""
-        parts = comm.all_gather_object({k: (float(v), self.counts[k]) for k, v in self.sums.items()})
+        parts = self.engine.gather_object({k: (float(v), self.counts[k]) for k, v in self.sums.items()})
         names = sorted({k for p in parts for k in p})
         means = {}
         for k in names:

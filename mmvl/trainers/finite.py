@@ -9,9 +9,10 @@ stops at the same update, naming the first bad one.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
-from mmvl.distributed import comm
 from mmvl.errors import UserError
 
 #: "no non-finite loss yet" (larger than any update number)
@@ -25,8 +26,9 @@ class NonFiniteLossError(UserError):
 class NonFiniteGuard:
     """Keeps the recent total losses (device tensors); ``check`` reads them on every rank."""
 
-    def __init__(self, enabled: bool = True):
-        self.enabled = enabled
+    def __init__(self, all_reduce: Callable[[torch.Tensor, str], torch.Tensor], enabled: bool = True):
+        """``all_reduce``: the Engine's (``tensor, op -> tensor``), the trainer's door to collectives."""
+        self.all_reduce, self.enabled = all_reduce, enabled
         self._first_update = 0  # the update of _recent[0]
         self._recent: list[torch.Tensor] = []  # total losses since the last check
         self._latest: dict[str, torch.Tensor] = {}
@@ -50,7 +52,7 @@ class NonFiniteGuard:
         losses = torch.stack(self._recent)
         updates = torch.arange(self._first_update, self._first_update + len(losses), device=losses.device)
         first = torch.where(torch.isfinite(losses), _NONE, updates).min()
-        first = int(comm.all_reduce(first.reshape(1), "min").item())
+        first = int(self.all_reduce(first.reshape(1), "min").item())
         self._recent = []
         if first == _NONE:
             return None

@@ -23,7 +23,7 @@ from mmvl import io
 from mmvl.checkpoint import apply_state_mapping, canonical_key, load_checkpoint, load_model_state, schema
 from mmvl.checkpoint import sharded as sharded_dir
 from mmvl.config.schema import reset_needed, resume_safe, stages
-from mmvl.distributed.comm import all_ranks_agreed, on_main_agreed
+from mmvl.engine import Engine
 from mmvl.errors import UserError
 from mmvl.optim import adopt_config_hyperparameters
 
@@ -161,14 +161,15 @@ def weights_mismatch(state: Mapping[str, Any], config: Any, path: str, err: User
 
 def apply_resets(state: dict[str, Any], resets: list[str]) -> dict[str, Any]:
     """The checkpoint without what ``checkpoint.reset.*`` starts afresh: the optimizer state, the
-    scheduler state, or the counters (update, data position, callback state)."""
+    scheduler state, or the counters (update, best value, data position, callback state)."""
     state = dict(state)
     if "optimizer" in resets:
         state.pop(schema.OPTIMIZER, None)
     if "scheduler" in resets:
         state.pop(schema.SCHEDULER, None)
     if "counts" in resets:
-        state[schema.TRAINER] = {**state[schema.TRAINER], schema.UPDATE: 0}
+        state[schema.TRAINER] = {**state[schema.TRAINER], schema.UPDATE: 0, schema.BEST_VALUE: None,
+                                 schema.BEST_UPDATE: None}
         state.pop(schema.DATA, None)
         state.pop(schema.CALLBACKS, None)
     return state
@@ -196,7 +197,7 @@ def resume(trainer: Any) -> str | None:
                 log.info("checkpoint.resume=false: moved the previous checkpoints and metrics to %s", moved)
         return None if found is None else str(found)
 
-    path = on_main_agreed(choose, "choose the checkpoint to resume from")
+    path = engine.on_main_agreed(choose, "choose the checkpoint to resume from")
     if path is None:
         return None
     sharded = Path(path).is_dir()
@@ -211,7 +212,7 @@ def resume(trainer: Any) -> str | None:
             check_resume_config(state, trainer.config, path, resets, announce=trainer.env.is_main_process)
     except UserError as e:
         problem = str(e)
-    all_ranks_agreed(problem, f"resume from {path}")
+    engine.all_ranks_agreed(problem, f"resume from {path}")
     state = apply_resets(state, resets)
     keep_optimizer = "optimizer" not in resets
     fresh = [{k: v for k, v in g.items() if k != "params"} for g in trainer.optimizer.param_groups]
@@ -227,12 +228,12 @@ def resume(trainer: Any) -> str | None:
     saved_world = schema.world_size_of(state, trainer.env.world_size)
     if sharded and saved_world != trainer.env.world_size:
         log.info("Re-sharded %s from %d to %d processes", path, saved_world, trainer.env.world_size)
-    log.info("Resumed from %s at update %d%s", path, trainer.update,
+    log.info("Resumed from %s at update %d%s", path, trainer.state.update,
              f" (reset: {', '.join(resets)})" if resets else "")
     return path
 
 
-def load_pretrained(model: torch.nn.Module, config: Any) -> str | None:
+def load_pretrained(engine: Engine, model: torch.nn.Module, config: Any) -> str | None:
     """``checkpoint.resume_pretrained``: copy the model weights of ``checkpoint.resume_file`` into
     ``model`` (single-device, before any wrapping), renamed by ``checkpoint.pretrained_state_mapping``.
 
@@ -248,7 +249,7 @@ def load_pretrained(model: torch.nn.Module, config: Any) -> str | None:
         _load_pretrained(model, path, dict(ck.get("pretrained_state_mapping") or {}))
     except UserError as e:
         problem = str(e)
-    all_ranks_agreed(problem, "load the pretrained weights")
+    engine.all_ranks_agreed(problem, "load the pretrained weights")
     return path
 
 

@@ -28,7 +28,6 @@ from mmvl.build import build_callbacks, build_datasets, build_model, model_confi
 from mmvl.data.sample import DevicePrefetcher
 from mmvl.data.loaders import resolve_pin_memory
 from mmvl.data.shard_stream import train_stream
-from mmvl.distributed import comm
 from mmvl.distributed.env import DistEnv
 from mmvl.engine import Engine
 from mmvl.errors import UserError
@@ -36,10 +35,11 @@ from mmvl.io import lock_dir
 from mmvl.losses import build_losses, compute_losses
 from mmvl.metrics import build_metrics
 from mmvl.optim import base_lr, build_optimizer, build_scheduler
+from mmvl.trainers.evaluation import BestTracker, prepare_split
 from mmvl.trainers.evaluation import evaluate as evaluate_split
-from mmvl.trainers.evaluation import prepare_split
 from mmvl.trainers.finite import NonFiniteGuard, NonFiniteLossError
 from mmvl.trainers.resume import load_pretrained, resume
+from mmvl.trainers.state import HOOKS, LOG_HOOK, Best, Evaluation, Sections, TrainerState
 from mmvl.utils.flops import FlopCount, batch_tokens
 from mmvl.utils.rng import seed_everything
 
@@ -50,17 +50,11 @@ log = logging.getLogger("mmvl")
 class Trainer:
     """Builds a run from a resolved config and trains/evaluates it.
 
-    State that callbacks may read or set (every rank holds the same values):
-
-    - ``update``, ``max_updates``, ``epoch`` (read only): where training is.
-    - ``should_stop``: set it to end :meth:`fit` after the current update.
-    - ``is_best``: set when the evaluation of this update is the best so far (early stop
-      does); the checkpoint callback then also writes ``best.ckpt``.
-    - ``preempted``: the signal name once the run stops for a preemption, else None.
-    - ``last_eval``: ``(update, split, results)`` of the latest evaluation, or None.
-    - ``last_saved``: the update of the latest checkpoint (-1: none yet).
-
-    A callback saves through :meth:`save_checkpoint`, never through another callback.
+    It owns :attr:`state` (:class:`mmvl.trainers.state.TrainerState`), dispatches every hook of
+    :data:`mmvl.trainers.state.HOOKS` to every callback itself, and is what callbacks see
+    through :class:`mmvl.trainers.state.TrainerProtocol`. A callback saves through
+    :meth:`save_checkpoint`, never through another callback. ``update``, ``epoch``,
+    ``preempted``, ... are read-only views of :attr:`state` for scripts and tests.
     """
 
     def __init__(self, config: DictConfig, env: DistEnv | None = None,
@@ -70,6 +64,7 @@ class Trainer:
         from mmvl.distributed.init import init_distributed
 
         self.config = config
+        self.sections = Sections.of(config)  # what callbacks read of the config
         self.env = env or init_distributed(config)
         t = config.training
         def own_save_dir() -> None:  # rank 0; every rank learns of a refusal (no rank waits for it)
@@ -77,7 +72,7 @@ class Trainer:
             lock_dir(str(config.env.save_dir))  # one run per save dir, for this process's life
             check_config_file(os.path.join(str(config.env.save_dir), "config.yaml"))  # before any work
 
-        comm.on_main_agreed(own_save_dir, "own env.save_dir")
+        Engine.on_main_agreed(own_save_dir, "own env.save_dir")
         setup_logging(str(config.env.save_dir), self.env.rank, bool(config_value(config, "training.colored_logs")))
         seed_everything(int(t.seed))  # identical model initialisation on every rank
         self.engine = Engine(config, env=self.env)
@@ -90,7 +85,7 @@ class Trainer:
         self._prepare_data()
         self.model = build_model(config, self.builders,
                                  checkpointing=not self.engine.strategy.handles_gradient_checkpointing)
-        load_pretrained(self.model, config)  # checkpoint.resume_pretrained: weights only, before wrapping
+        load_pretrained(self.engine, self.model, config)  # checkpoint.resume_pretrained: weights only, before wrapping
         self.losses = build_losses(list(model_config(config, self.builders).get("losses") or []))
         optimizer = build_optimizer(self.model, config, device=self.env.device)
         self.model, self.optimizer = self.engine.prepare(self.model, optimizer)
@@ -99,21 +94,17 @@ class Trainer:
                         for name, b in self.builders.items()}
         seed_everything(int(t.seed), self.env.rank)  # per-rank randomness from here on
         self.train_data = self._train_stream() if "train" in stages(config) else None
-        self.update = 0
-        self.max_updates = self._max_updates()
-        scheduler = build_scheduler(self.optimizer.optimizer, config, max_updates=self.max_updates)
+        self.state = TrainerState(max_updates=self._max_updates())
+        scheduler = build_scheduler(self.optimizer.optimizer, config, max_updates=self.state.max_updates)
         self.scheduler = None if scheduler is None else self.engine.prepare(scheduler)
         self.clip_grad_norm = t.get("clip_grad_norm")
         self.log_interval = max(1, int(t.log_interval or 1))
         self.flops = FlopCount()
-        self.nonfinite = NonFiniteGuard(enabled=bool(t.get("exit_on_nan", True))
+        self.nonfinite = NonFiniteGuard(self.engine.all_reduce, enabled=bool(t.get("exit_on_nan", True))
                                         and self.engine.precision != "fp16")  # fp16: the scaler skips them
-        # state callbacks read or set (see the class docstring)
-        self.should_stop = False
-        self.is_best = False
-        self.preempted: str | None = None
-        self.last_eval: tuple[int, str, dict] | None = None
-        self.last_saved = -1
+        stop = t.early_stop
+        self.best_tracker = BestTracker(stop.get("criteria"), stop.get("minimize"), {name for name, _ in self.losses})
+        self._published: list[dict[str, Any]] = []  # on_log events waiting for the end of a hook's round
         self.checkpoints = CheckpointManager(str(config.env.save_dir),
                                              int(config.checkpoint.max_to_keep))
         keyed = build_callbacks(config, self)  # training.builtin_callbacks, then training.callbacks
@@ -121,6 +112,7 @@ class Trainer:
         self.callbacks = [callback for _, callback in keyed]
         self._register_checkpointables(checkpointables or {})
         self.resumed_from = resume(self)  # the checkpoint (file or sharded directory) or None
+        self.state.epoch = self.epoch
         if self.env.is_main_process:  # only once everything was built: a failed start changes nothing
             save_config(config, os.path.join(str(config.env.save_dir), "config.yaml"))
 
@@ -130,13 +122,13 @@ class Trainer:
         if self.engine.is_main_process:
             for builder in self.builders.values():
                 builder.prepare()
-        comm.synchronize()
+        self.engine.wait_for_everyone()
         if not self.engine.is_main_process:
             for builder in self.builders.values():
                 builder.prepare()
         run = stages(self.config)  # parse/map the splits used first (rank 0 caches them)
         for split in ["train"] if "train" in run else [s for s in ("val", "test") if s in run]:
-            prepare_split(self.builders, split)
+            prepare_split(self.builders, split, self.engine.is_main_process)
 
     def _train_stream(self) -> Any:
         t = self.config.training
@@ -166,20 +158,38 @@ class Trainer:
     def epoch(self) -> int:
         return self.train_data.epoch if self.train_data is not None else 0
 
+    # read-only views of the state, for scripts and tests (callbacks read ``state``)
+    update = property(lambda self: self.state.update)
+    max_updates = property(lambda self: self.state.max_updates)
+    preempted = property(lambda self: self.state.preempted)
+    last_eval = property(lambda self: self.state.last_eval)
+    last_saved = property(lambda self: self.state.last_saved)
+
+    @property
+    def should_stop(self) -> bool:
+        return self.state.should_stop
+
+    @should_stop.setter
+    def should_stop(self, value: bool) -> None:  # callbacks written before TrainerState set it here
+        self.state.should_stop = bool(value)
+
     # -- the loop -------------------------------------------------------------
     def fit(self) -> None:
         self.model.train()
-        self.call("on_train_start")
-        while self.update < self.max_updates and not self.should_stop:
-            self.call("on_update_start")
+        state = self.state
+        self.dispatch("on_train_start")
+        while state.update < state.max_updates and not state.should_stop:
+            self.dispatch("on_update_start")
             with self.flops.once():  # the first update's FLOPs, for MFU
                 info = self.train_step()
-            self.update += 1
-            if self.update % self.log_interval == 0 or self.update >= self.max_updates:
+            state.update += 1
+            state.epoch = self.epoch
+            self.best_tracker.saw_losses(info["losses"])
+            if state.update % self.log_interval == 0 or state.update >= state.max_updates:
                 self.settle()
-            self.call("on_update_end", info)
+            self.dispatch("on_update_end", info)
         self.settle()
-        self.call("on_train_end")
+        self.dispatch("on_train_end")
 
     def train_step(self) -> dict[str, Any]:
         """One optimizer update over ``gradient_accumulation`` micro-batches (no wait on the device)."""
@@ -196,7 +206,7 @@ class Trainer:
             tokens += batch_tokens(batch)
         totals = mean_losses(micro)
         grad_norm = engine.clip_grad_norm_(self.model, self.clip_grad_norm) if self.clip_grad_norm else None
-        self.nonfinite.record(totals, self.update + 1)
+        self.nonfinite.record(totals, self.state.update + 1)
         lr = base_lr(self.optimizer)
         self.optimizer.step()
         self.optimizer.zero_grad()
@@ -217,7 +227,7 @@ class Trainer:
             first, values = bad
             last = self.checkpoints.last_path
             raise NonFiniteLossError(
-                f"Loss is not finite at update {first} (update {self.update}: {values}); stopped. Last good "
+                f"Loss is not finite at update {first} (update {self.state.update}: {values}); stopped. Last good "
                 f"checkpoint: {last if last.exists() else 'none yet'}. Lower "
                 "optimizer.params.lr, set training.clip_grad_norm, or use training.precision=bf16.")
         if self.scheduler is not None:
@@ -227,28 +237,40 @@ class Trainer:
         """Checkpoint this update (every rank calls it). ``is_best``: also ``best.ckpt``;
         ``full``: one full ``last.ckpt`` even when periodic checkpoints are sharded."""
         self.settle()  # weights reached by a non-finite loss are never saved
-        self.engine.save_checkpoint(self.checkpoints, self.update, is_best=is_best, full=full)
-        self.last_saved = self.update
+        self.engine.save_checkpoint(self.checkpoints, self.state.update, is_best=is_best, full=full)
+        self.state.last_saved = self.state.update
 
     def evaluate(self, split: str = "val") -> dict[str, dict[str, float]]:
-        """Metrics over the whole ``split`` of each dataset, each sample counted once (streamed)."""
+        """Metrics over the whole ``split`` of each dataset, each sample counted once (streamed);
+        the best value is kept before any callback hears of the evaluation."""
         self.settle()
         results = evaluate_split(self, split)
-        self.last_eval = (self.update, split, results)
-        self.call("on_evaluation_end", split, results)
+        self.state.epoch = self.epoch
+        self.state.last_eval = Evaluation(self.state.update, split, results)
+        self.best_tracker.update(self.state, split, results)
+        self.dispatch("on_evaluation_end", split, results)
         return results
 
-    def call(self, hook: str, *args: Any) -> None:
+    def dispatch(self, hook: str, *args: Any) -> None:
+        """``hook`` to every callback in list order, then the events published meanwhile to ``on_log``."""
+        if hook not in HOOKS:
+            raise ValueError(f"{hook!r} is not a hook the Trainer dispatches ({', '.join(HOOKS)})")
         for callback in self.callbacks:
             getattr(callback, hook)(*args)
+        while self._published:  # in the order published, nested evaluations' events included
+            event = self._published.pop(0)
+            for callback in self.callbacks:
+                getattr(callback, LOG_HOOK)(event)
+
+    def publish(self, event: dict[str, Any]) -> None:
+        """Queue ``event`` for every callback's ``on_log`` at the end of the running hook's round."""
+        self._published.append(event)
 
     # -- state ------------------------------------------------------------------
     def _register_checkpointables(self, extra: Mapping[str, Any]) -> None:
         """The loop's own state joins the Engine's (model, optimizer, scaler, scheduler, RNG)."""
         register = self.engine.register_checkpointable
-        register(schema.TRAINER, State(
-            lambda: {schema.UPDATE: self.update, schema.WORLD_SIZE: self.env.world_size},
-            lambda counters: setattr(self, "update", int(counters[schema.UPDATE]))))
+        register(schema.TRAINER, State(self._counters, self._load_counters))
         if self.train_data is not None:
             register(schema.DATA, self.train_data)
         register(schema.CALLBACKS, State(
@@ -258,9 +280,22 @@ class Trainer:
         for name, obj in extra.items():
             register(name, obj)
 
+    def _counters(self) -> dict[str, Any]:
+        s = self.state
+        return {schema.UPDATE: s.update, schema.WORLD_SIZE: self.env.world_size,
+                schema.BEST_VALUE: s.best.value, schema.BEST_UPDATE: s.best.update}
+
+    def _load_counters(self, counters: dict[str, Any]) -> None:
+        self.state.update = int(counters[schema.UPDATE])
+        self.state.best = Best(counters.get(schema.BEST_VALUE), counters.get(schema.BEST_UPDATE))
+
     def _load_callbacks(self, states: dict[str, Any]) -> None:
         """Each callback's state by its key; a checkpoint of mmvl before registered names keyed them
-        by class name (one state per class): read that once, and save it under the key from then on."""
+        by class name (one state per class): read that once, and save it under the key from then on.
+        One from before :class:`TrainerState` kept the best value in early stop's state: taken from there."""
+        old = states.get("early_stop", states.get("EarlyStopCallback")) or {}
+        if self.state.best.value is None and old.get("best_value") is not None:
+            self.state.best = Best(float(old["best_value"]), old.get("best_update"))
         legacy = set()
         for key, c in zip(self.callback_keys, self.callbacks):
             if key in states:
@@ -300,16 +335,16 @@ def _check_writable(save_dir: str) -> None:
 def run(config: DictConfig) -> dict[str, Any]:
     """Run the stages ``config.run_type`` names (train, val, test in that order) and return the results."""
     trainer = registry.TRAINERS.get(config.training.get("trainer", "mmvl"))(config)
-    run_type = stages(config)
+    run_type, state = stages(config), trainer.state
     results: dict[str, Any] = {}
     if "train" in run_type:
         trainer.fit()
-        if trainer.preempted:  # the job is about to be killed: exit now, evaluate after the resume
-            return {"updates": trainer.update, "preempted": trainer.preempted}
+        if state.preempted:  # the job is about to be killed: exit now, evaluate after the resume
+            return {"updates": state.update, "preempted": state.preempted}
     for split in ("val", "test"):
         if split in run_type:
-            last = trainer.last_eval
-            fresh = last is not None and last[0] == trainer.update and last[1] == split
-            results[split] = last[2] if fresh else trainer.evaluate(split)
-    results["updates"] = trainer.update
+            last = state.last_eval
+            fresh = last is not None and last.update == state.update and last.split == split
+            results[split] = last.results if fresh else trainer.evaluate(split)
+    results["updates"] = state.update
     return results

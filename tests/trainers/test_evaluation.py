@@ -174,7 +174,7 @@ def _prepare_on_two_ranks(env, root: str) -> dict:
     import mmvl.data.datasets  # noqa: F401
     from mmvl.data.cache import Cache
 
-    prepare_split({"ordered": OrderedBuilder(None, root)}, "val")
+    prepare_split({"ordered": OrderedBuilder(None, root)}, "val", env.is_main_process)
     built = []
     original = Cache._build
 
@@ -185,7 +185,7 @@ def _prepare_on_two_ranks(env, root: str) -> dict:
     Cache._build = counting
     cfg = OmegaConf.load(os.path.join(os.path.dirname(HERE), "..", "configs", "datasets", "hateful_memes.yaml"))
     builder = registry.DATASETS.get("hateful_memes")(cfg.dataset_config.hateful_memes, root)
-    prepare_split({"hateful_memes": builder}, "train")
+    prepare_split({"hateful_memes": builder}, "train", env.is_main_process)
     return {"built": built, "ids": builder.records("train").column("id").tolist()}
 
 

@@ -65,6 +65,9 @@ def test_outputs_metrics_logs_and_checkpoints(tmp_path):
     assert (ckpts / "last.ckpt").exists() and (ckpts / "best.ckpt").exists()
     state = safe_load(str(ckpts / "last.ckpt"))
     assert state["trainer"]["update"] == 12
+    best = safe_load(str(ckpts / "best.ckpt"))["trainer"]  # kept by the evaluation, early stop is off
+    assert best["best_update"] == best["update"] == state["trainer"]["best_update"]
+    assert best["best_value"] == pytest.approx(max(e["accuracy"] for e in val))
     assert set(state) >= {"model", "optimizer", "scheduler", "trainer", "data", "rng", "config"}
 
 

@@ -62,19 +62,20 @@ def test_callbacks_save_through_the_trainer_without_finding_each_other(tmp_path)
     """Preemption saves through ``save_checkpoint()``: it works with no CheckpointCallback at all."""
     trainer = Trainer(load_config(toy_opts(tmp_path)))
     trainer.callbacks = [c for c in trainer.callbacks if not isinstance(c, CheckpointCallback)]
-    assert (trainer.should_stop, trainer.is_best, trainer.preempted, trainer.last_eval, trainer.last_saved) == \
+    state = trainer.state
+    assert (state.should_stop, state.is_best, state.preempted, state.last_eval, state.last_saved) == \
         (False, False, None, None, -1)
 
     class Kill(Callback):
         def on_update_end(self, info):
-            if trainer.update == 5:
+            if self.trainer.state.update == 5:
                 os.kill(os.getpid(), signal.SIGUSR1)
 
     trainer.callbacks.insert(0, Kill(trainer))
     trainer.fit()
-    assert (trainer.update, trainer.preempted, trainer.last_saved) == (5, "SIGUSR1", 5)
+    assert (state.update, state.preempted, state.last_saved) == (5, "SIGUSR1", 5)
     assert safe_load(tmp_path / "save" / "checkpoints" / "last.ckpt")["trainer"]["update"] == 5
-    assert trainer.last_eval is None  # stopped before the evaluation at update 6
+    assert state.last_eval is None  # stopped before the evaluation at update 6
 
 
 def test_preemption_check_interval_must_be_positive(tmp_path):

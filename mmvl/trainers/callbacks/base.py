@@ -1,27 +1,31 @@
 """Callbacks: the named hooks the training loop calls, in list order.
 
-Hooks (all optional): ``on_train_start``, ``on_update_start``,
-``on_update_end(info)``, ``on_evaluation_end(split, results)``, ``on_log(event)``,
-``on_train_end``. ``on_log`` receives every event the logging callback writes to
-``metrics.jsonl`` (a train event every ``log_interval`` with losses, lr, throughput,
-MFU and memory; one event per evaluated dataset): the place for other sinks
-(TensorBoard, a progress display). ``state_dict``/``load_state_dict`` put a
+Hooks (all optional; :data:`mmvl.trainers.state.HOOKS` is their order): ``on_train_start``,
+``on_update_start``, ``on_update_end(info)``, ``on_evaluation_end(split, results)``,
+``on_train_end``, and ``on_log(event)``. The Trainer dispatches every one of them itself;
+``on_log`` receives every event a callback publishes (``trainer.publish``): the logging
+callback's, which it also writes to ``metrics.jsonl`` (a train event every ``log_interval``
+with losses, lr, throughput, MFU and memory; one event per evaluated dataset). It is the
+place for other sinks (TensorBoard, trackers, a progress display). ``state_dict``/``load_state_dict`` put a
 callback's state in the checkpoint under its registered name (``name[1]``, ``name[2]``
 for the second and third of one name). The built-in callbacks are the registered names
 listed in ``training.builtin_callbacks`` (configs/defaults.yaml), in the order the loop calls
 them; ``wanted(config)`` lets one stay out of a run (TensorBoard without the package). Every rank calls every
 hook with the same values; a callback that writes files checks
-``trainer.engine.is_main_process``. Callbacks talk to each other only through the
-Trainer's declared state and methods (``should_stop``, ``is_best``,
-``save_checkpoint()``, ...), never by looking each other up.
+``trainer.engine.is_main_process``, and runs collectives through ``trainer.engine``. Callbacks
+talk to each other only through :class:`mmvl.trainers.state.TrainerProtocol` (``trainer.state``:
+``should_stop``, ``best``, ``is_best``, ...; ``save_checkpoint()``, ``publish()``), never by
+looking each other up.
 """
 from __future__ import annotations
 
 from typing import Any
 
+from mmvl.trainers.state import TrainerProtocol
+
 
 class Callback:
-    def __init__(self, trainer: Any, **params: Any):
+    def __init__(self, trainer: TrainerProtocol, **params: Any):
         self.trainer = trainer
 
     @classmethod

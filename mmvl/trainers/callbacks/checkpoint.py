@@ -14,26 +14,25 @@ from typing import Any
 
 from mmvl.registry import register_callback
 from mmvl.trainers.callbacks.base import Callback
+from mmvl.trainers.state import TrainerProtocol
 
 
 @register_callback("checkpoint")
 class CheckpointCallback(Callback):
-    """Saves every ``training.checkpoint_interval`` updates, when ``trainer.is_best``, and at the end."""
+    """Saves every ``training.checkpoint_interval`` updates, when ``state.is_best``, and at the end."""
 
-    def __init__(self, trainer: Any, **params: Any):
+    def __init__(self, trainer: TrainerProtocol, **params: Any):
         super().__init__(trainer)
-        self.interval = int(trainer.config.training.checkpoint_interval or 0)
+        self.interval = int(trainer.sections.training.checkpoint_interval or 0)
 
     def on_update_end(self, info: dict[str, Any]) -> None:
-        t = self.trainer
-        is_best = t.is_best and t.last_eval is not None and t.last_eval[0] == t.update
-        if is_best or (self.interval > 0 and t.update % self.interval == 0):
-            t.save_checkpoint(is_best=is_best)
-        t.is_best = False
+        state = self.trainer.state
+        if state.is_best or (self.interval > 0 and state.update % self.interval == 0):
+            self.trainer.save_checkpoint(is_best=state.is_best)
 
     def on_train_end(self) -> None:
-        t = self.trainer
-        if t.engine.sharded_checkpoint and not t.preempted:
+        t, state = self.trainer, self.trainer.state
+        if t.engine.sharded_checkpoint and not state.preempted:
             t.save_checkpoint(full=True)  # the final export: last.ckpt, one full file (resumable too)
-        elif t.last_saved != t.update:
+        elif state.last_saved != state.update:
             t.save_checkpoint()

@@ -13,6 +13,7 @@ from typing import Any
 from mmvl.config.access import config_value
 from mmvl.registry import register_callback
 from mmvl.trainers.callbacks.base import Callback
+from mmvl.trainers.state import TrainerProtocol
 
 log = logging.getLogger("mmvl")
 
@@ -23,7 +24,7 @@ class CurvesCallback(Callback):
     def wanted(cls, config: Any) -> bool:
         return bool(config_value(config, "training.curves", True))
 
-    def __init__(self, trainer: Any, **params: Any):
+    def __init__(self, trainer: TrainerProtocol, **params: Any):
         super().__init__(trainer)
         self.main = trainer.engine.is_main_process
         self.save_dir = str(trainer.config.env.save_dir)

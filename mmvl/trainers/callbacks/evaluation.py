@@ -3,21 +3,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from mmvl.config.schema import stages
 from mmvl.registry import register_callback
 from mmvl.trainers.callbacks.base import Callback
+from mmvl.trainers.state import TrainerProtocol
 
 
 @register_callback("evaluation")
 class EvaluationCallback(Callback):
-    def __init__(self, trainer: Any, **params: Any):
+    def __init__(self, trainer: TrainerProtocol, **params: Any):
         super().__init__(trainer)
-        config = trainer.config
-        self.interval = int(config.training.evaluation_interval or 0)
-        self.enabled = "val" in stages(config) or bool(config.training.early_stop.enabled)
+        training = trainer.sections.training
+        self.interval = int(training.evaluation_interval or 0)
+        self.enabled = "val" in trainer.sections.stages or bool(training.early_stop.enabled)
 
     def on_update_end(self, info: dict[str, Any]) -> None:
-        t = self.trainer
-        if self.enabled and ((self.interval > 0 and t.update % self.interval == 0)
-                             or t.update >= t.max_updates):
-            t.evaluate("val")
+        state = self.trainer.state
+        if self.enabled and ((self.interval > 0 and state.update % self.interval == 0)
+                             or state.update >= state.max_updates):
+            self.trainer.evaluate("val")

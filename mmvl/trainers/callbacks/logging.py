@@ -6,8 +6,8 @@ in :mod:`mmvl.utils.flops`) and peak memory (CUDA: allocated by tensors, reset e
 interval; CPU: the process's peak resident size). The FLOPs per sample are counted
 once, on the first update. Every event carries ``wall_s``: the run's wall time so far
 (training and evaluation, summed over resumed segments, downtime excluded). Every event is
-handed to the callbacks' ``on_log`` (TensorBoard, curves), so the train event's collective
-runs once.
+published (``trainer.publish``): the Trainer hands it to every callback's ``on_log``
+(TensorBoard, trackers), so the train event's collective runs once.
 """
 from __future__ import annotations
 
@@ -22,10 +22,10 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from mmvl.distributed import comm
 from mmvl.io import cut_torn_line
 from mmvl.registry import register_callback
 from mmvl.trainers.callbacks.base import Callback
+from mmvl.trainers.state import TrainerProtocol
 from mmvl.utils.flops import mfu, peak_flops
 
 log = logging.getLogger("mmvl")
@@ -33,19 +33,20 @@ log = logging.getLogger("mmvl")
 
 @register_callback("logging")
 class LoggingCallback(Callback):
-    def __init__(self, trainer: Any, **params: Any):
+    def __init__(self, trainer: TrainerProtocol, **params: Any):
         super().__init__(trainer)
         self.main = trainer.engine.is_main_process
-        self.interval = max(1, int(trainer.config.training.log_interval or 1))
-        self.path = os.path.join(str(trainer.config.env.save_dir), "metrics.jsonl")
+        training = trainer.sections.training
+        self.interval = max(1, int(training.log_interval or 1))
+        self.progress_bar = bool(training.progress_bar)
+        self.path = os.path.join(str(trainer.sections.env.save_dir), "metrics.jsonl")
         if self.main:  # a run killed while writing left half an event: cut it, or the next one joins it
             torn = cut_torn_line(self.path)
             if torn:
                 log.warning("metrics.jsonl ended in an unfinished line (%d bytes, from a run that was killed "
                             "while writing it); removed it before appending", torn)
         self.bar: tqdm | None = None
-        t = trainer.config.training
-        self.peak = peak_flops(trainer.engine.device, trainer.engine.precision, t.get("peak_tflops"))
+        self.peak = peak_flops(trainer.engine.device, trainer.engine.precision, training.peak_tflops)
         self.flops_per_sample: float | None = None
         self.wall_before, self.wall_start = 0.0, time.perf_counter()  # wall_s of earlier segments
         self._reset_window()
@@ -58,19 +59,19 @@ class LoggingCallback(Callback):
             torch.cuda.reset_peak_memory_stats(self.trainer.engine.device)
 
     def write(self, event: dict[str, Any]) -> None:
-        """Append ``event`` to metrics.jsonl (rank 0) and hand it to every callback's ``on_log``."""
+        """Append ``event`` to metrics.jsonl (rank 0) and publish it to every callback's ``on_log``."""
         event["wall_s"] = round(self.wall_before + time.perf_counter() - self.wall_start, 3)
         if self.main:
             with open(self.path, "ab") as f:  # one write of the whole line: a crash can tear only the last
                 f.write((json.dumps(event) + "\n").encode("utf-8"))
-        self.trainer.call("on_log", event)
+        self.trainer.publish(event)
 
     def on_train_start(self) -> None:
-        t = self.trainer
+        state = self.trainer.state
         # a bar only on a terminal: in a file (a SLURM log) its \r frames are noise, and the
         # log lines below say the same (update/total, loss, speed, time left)
-        if self.main and t.config.training.get("progress_bar", True) and sys.stderr.isatty():
-            self.bar = tqdm(total=t.max_updates, initial=t.update, desc="train", unit="upd",
+        if self.main and self.progress_bar and sys.stderr.isatty():
+            self.bar = tqdm(total=state.max_updates, initial=state.update, desc="train", unit="upd",
                             dynamic_ncols=True, leave=False)
         self._reset_window()
 
@@ -85,19 +86,19 @@ class LoggingCallback(Callback):
         self.tokens += info.get("tokens", 0)
         if self.bar is not None:
             self.bar.update(1)
-        t = self.trainer
-        if t.update % self.interval == 0 or t.update >= t.max_updates:
+        state = self.trainer.state
+        if state.update % self.interval == 0 or state.update >= state.max_updates:
             self._log(info)
 
     def _log(self, info: dict[str, Any]) -> None:
-        t = self.trainer
+        t, state = self.trainer, self.trainer.state
         keys = dict.fromkeys(k for values in self.window for k in values)  # datasets may differ in losses
-        means = comm.reduce_dict({k: torch.stack([v[k].float() for v in self.window if k in v]).mean()
+        means = t.engine.reduce_dict({k: torch.stack([v[k].float() for v in self.window if k in v]).mean()
                                   for k in keys})
         elapsed = max(time.perf_counter() - self.start, 1e-9)
         samples_per_s = self.samples / elapsed
         util = mfu(self.flops_per_sample, samples_per_s, self.peak, t.env.world_size)
-        event = {"update": t.update, "epoch": t.epoch, "split": "train",
+        event = {"update": state.update, "epoch": state.epoch, "split": "train",
                  **{k: float(v) for k, v in means.items()},
                  "lr": info["lr"], "samples_per_s": round(samples_per_s, 2),
                  "s_per_update": round(elapsed / len(self.window), 4),
@@ -112,21 +113,21 @@ class LoggingCallback(Callback):
             extra = (f" | {event['tokens_per_s']:.0f} tokens/s" if self.tokens else "") + \
                 (f" | MFU {100 * util:.1f}%" if util is not None else "")
             log.info("update %d/%d | epoch %d | loss %.4f | lr %.3g | %.1f samples/s%s | "
-                     "%.3f s/update | peak mem %.0f MB | eta %s", t.update, t.max_updates, t.epoch,
+                     "%.3f s/update | peak mem %.0f MB | eta %s", state.update, state.max_updates, state.epoch,
                      event["total_loss"], event["lr"], event["samples_per_s"], extra,
                      event["s_per_update"], event["peak_mem_mb"],
-                     _clock(event["s_per_update"] * (t.max_updates - t.update)))
+                     _clock(event["s_per_update"] * (state.max_updates - state.update)))
         self.write(event)
         self._reset_window()
 
     def on_evaluation_end(self, split: str, results: dict[str, dict[str, float]]) -> None:
-        t = self.trainer
+        state = self.trainer.state
         for dataset, values in results.items():
-            self.write({"update": t.update, "epoch": t.epoch, "split": split,
+            self.write({"update": state.update, "epoch": state.epoch, "split": split,
                         "dataset": dataset, **values})
             if self.main:
                 shown = " | ".join(f"{k} {v:.4f}" for k, v in values.items())
-                log.info("%s %s @ update %d | %s", split, dataset, t.update, shown)
+                log.info("%s %s @ update %d | %s", split, dataset, state.update, shown)
         self.restart_clock = True  # evaluation (and what follows it) is not training throughput
 
     def on_update_start(self) -> None:

@@ -21,10 +21,10 @@ import subprocess
 import time
 from typing import Any
 
-from mmvl.distributed.comm import AsyncMax
 from mmvl.errors import UserError
 from mmvl.registry import register_callback
 from mmvl.trainers.callbacks.base import Callback
+from mmvl.trainers.state import TrainerProtocol
 
 log = logging.getLogger("mmvl")
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
@@ -34,16 +34,17 @@ SAME_CTRL_C_S = 1.0
 
 @register_callback("preemption")
 class PreemptionCallback(Callback):
-    def __init__(self, trainer: Any, **params: Any):
+    def __init__(self, trainer: TrainerProtocol, **params: Any):
         super().__init__(trainer)
         self.received: int | None = None
         self._previous: dict[int, Any] = {}
-        interval = trainer.config.training.get("preemption_check_interval")
+        interval = trainer.sections.training.preemption_check_interval
+        self.requeue = bool(trainer.sections.checkpoint.slurm_requeue)
         self.interval = 1 if interval is None else int(interval)
         if self.interval < 1:
             raise UserError(f"training.preemption_check_interval={self.interval} must be >= 1 (updates "
                             "between two checks of a preemption signal across the ranks).")
-        self._pending: AsyncMax | None = None
+        self._pending: Any = None  # the Engine's async_max started at the previous check
         self._ctrl_c: float | None = None  # when the first Ctrl-C came
 
     def _handler(self, signum: int, frame: Any) -> None:
@@ -70,24 +71,24 @@ class PreemptionCallback(Callback):
         t = self.trainer
         if t.env.world_size == 1:
             return int(self.received or 0)
-        if t.update % self.interval:
+        if t.state.update % self.interval:
             return 0
         signum = self._pending.result() if self._pending is not None else 0
-        self._pending = None if signum else AsyncMax(int(self.received or 0))
+        self._pending = None if signum else t.engine.async_max(int(self.received or 0))
         return signum
 
     def on_update_end(self, info: dict[str, Any]) -> None:
         signum = self._agreed_signal()
         if not signum:
             return
-        t = self.trainer
+        t, state = self.trainer, self.trainer.state
         name = signal.Signals(signum).name
-        log.warning("Received %s: saving a checkpoint at update %d and stopping.", name, t.update)
-        if t.last_saved != t.update:
+        log.warning("Received %s: saving a checkpoint at update %d and stopping.", name, state.update)
+        if state.last_saved != state.update:
             t.save_checkpoint()
-        t.should_stop = True
-        t.preempted = name
-        if (t.config.checkpoint.get("slurm_requeue") and "SLURM_JOB_ID" in os.environ
+        state.should_stop = True
+        state.preempted = name
+        if (self.requeue and "SLURM_JOB_ID" in os.environ
                 and t.engine.is_main_process and signum != signal.SIGINT):  # Ctrl-C: the user stops it
             job = os.environ["SLURM_JOB_ID"]
             result = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)

@@ -20,21 +20,22 @@ from mmvl.io import atomic_write
 from mmvl.errors import UserError
 from mmvl.registry import register_callback
 from mmvl.trainers.callbacks.base import Callback
+from mmvl.trainers.state import TrainerProtocol
 
 log = logging.getLogger("mmvl")
 
 
 @register_callback("profiler")
 class ProfilerCallback(Callback):
-    def __init__(self, trainer: Any, **params: Any):
+    def __init__(self, trainer: TrainerProtocol, **params: Any):
         super().__init__(trainer)
-        cfg = trainer.config.training.get("profiler") or {}
-        self.enabled = bool(cfg.get("enabled", False)) and trainer.engine.is_main_process
-        self.window = {k: int(cfg.get(k, d)) for k, d in (("wait", 5), ("warmup", 2), ("active", 3))}
+        cfg = trainer.sections.training.profiler
+        self.enabled = bool(cfg.enabled) and trainer.engine.is_main_process
+        self.window = {k: int(getattr(cfg, k)) for k in ("wait", "warmup", "active")}
         if self.window["active"] < 1 or self.window["wait"] < 0 or self.window["warmup"] < 0:
             raise UserError(f"training.profiler: wait={self.window['wait']}, warmup={self.window['warmup']}, "
                             f"active={self.window['active']}; use wait, warmup >= 0 and active >= 1.")
-        self.directory = os.path.join(str(trainer.config.env.save_dir), "profiler")
+        self.directory = os.path.join(str(trainer.sections.env.save_dir), "profiler")
         self.profiler: torch.profiler.profile | None = None
         self.trace: str | None = None
 
@@ -62,7 +63,7 @@ class ProfilerCallback(Callback):
 
     def _write(self, profiler: torch.profiler.profile) -> None:
         os.makedirs(self.directory, exist_ok=True)
-        path = os.path.join(self.directory, f"rank0.{self.trainer.update}.pt.trace.json")
+        path = os.path.join(self.directory, f"rank0.{self.trainer.state.update}.pt.trace.json")
         export = f"{path}.export"
         try:
             profiler.export_chrome_trace(export)  # torch writes a path; the atomic writer publishes it
@@ -75,4 +76,4 @@ class ProfilerCallback(Callback):
         sort = "device_time_total" if self.trainer.engine.device.type == "cuda" else "cpu_time_total"
         table = profiler.key_averages().table(sort_by=sort, row_limit=10)
         log.info("Profiled updates %d-%d (trace: %s); top 10 operators by %s:\n%s",
-                 self.trainer.update - self.window["active"] + 1, self.trainer.update, path, sort, table)
+                 self.trainer.state.update - self.window["active"] + 1, self.trainer.state.update, path, sort, table)

@@ -26,6 +26,7 @@ from mmvl.registry import register_callback
 from mmvl.runs import BOOKKEEPING
 from mmvl.trainers.callbacks.base import Callback
 from mmvl.trainers.callbacks.tensorboard import with_tensorboard_switch
+from mmvl.trainers.state import TrainerProtocol
 
 
 def active_trackers(config: DictConfig) -> list[str]:
@@ -50,7 +51,7 @@ class TrackersCallback(Callback):
     def wanted(cls, config: Any) -> bool:
         return bool(active_trackers(config))
 
-    def __init__(self, trainer: Any, **params: Any):
+    def __init__(self, trainer: TrainerProtocol, **params: Any):
         super().__init__(trainer)
         self.main = trainer.engine.is_main_process
         self.names = active_trackers(trainer.config)
@@ -71,7 +72,7 @@ class TrackersCallback(Callback):
     def on_train_start(self) -> None:
         if self.main:
             # a resumed run tells TensorBoard to drop what an earlier process logged past this update
-            self._started(purge_step=self.trainer.update or None)
+            self._started(purge_step=self.trainer.state.update or None)
 
     def on_log(self, event: dict[str, Any]) -> None:
         if not self.main or event.get("split") != "train":
@@ -86,13 +87,13 @@ class TrackersCallback(Callback):
             return
         values = {f"{split}/{dataset}/{k}": v for dataset, vals in results.items() for k, v in _numbers(vals).items()}
         for tracker in self._started():
-            tracker.log(values, self.trainer.update)
+            tracker.log(values, self.trainer.state.update)
 
     def on_train_end(self) -> None:
         if not self.main or not self.trackers:
             return
         final = {k: v for k, v in self.last_train.items() if k == "train/total_loss"}
-        last = self.trainer.last_eval
+        last = self.trainer.state.last_eval
         if last is not None:
             _, split, results = last
             final.update({f"{split}/{d}/{k}": v for d, values in results.items() for k, v in _numbers(values).items()})
