@@ -11,7 +11,7 @@ Reads are found in the AST of ``mmvl/`` and ``mmvl_cli/`` as chains of key names
 - identifier-like string constants (tables of key names such as ``BERT_KEYS``).
 
 A chain is *config-rooted* when it starts at a name or attribute called ``config``/``cfg`` (or
-``*_config``/``*_cfg``), or at a name assigned from such a chain; those chains are what code
+``*_config``/``*_cfg``, or ``sections``: the Trainer's typed sections, ``trainer.sections.training.x``), or at a name assigned from such a chain; those chains are what code
 claims exists in a config, so they are checked against the shipped YAMLs.
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any, Iterable
 GETTERS = {"config_value", "lookup", "select"}  # (config, "dotted.key", ...)
 PASS_THROUGH = {"plain", "plain_dict", "plain_config", "dict", "int", "float", "str", "bool", "list", "tuple",
                 "to_container", "create", "OmegaConf"}
-CONFIG_NAME = re.compile(r"^(config|cfg|conf|.*_config|.*_cfg)$")
+CONFIG_NAME = re.compile(r"^(config|cfg|conf|sections|.*_config|.*_cfg)$")
 IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 WILDCARD = "*"
 

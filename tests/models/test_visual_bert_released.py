@@ -206,6 +206,8 @@ def test_an_mmf_checkpoint_loads_through_the_shipped_mapping_with_nothing_left_o
     from mmvl.checkpoint import apply_state_mapping
     from mmvl.trainers.resume import load_pretrained
 
+    from mmvl.engine import Engine  # its collectives are static: one process, no Engine built
+
     positions = 16
     state = mmf_state(TINY["hidden_size"], TINY["num_hidden_layers"], VOCAB, positions, VISUAL_DIM, LABELS)
     path = tmp_path / "visual_bert.pth"
@@ -216,7 +218,7 @@ def test_an_mmf_checkpoint_loads_through_the_shipped_mapping_with_nothing_left_o
     model = ours(None, max_position_embeddings=positions)
     mapped = apply_state_mapping(state, mapping)
     assert sorted(mapped) == sorted(model.state_dict())  # nothing left over on either side
-    assert load_pretrained(model, config) == str(path)
+    assert load_pretrained(Engine, model, config) == str(path)
     own = model.state_dict()
     assert all(torch.equal(own[k], v) for k, v in mapped.items())
     # the shared part alone (a pretrained MMF checkpoint): every embedding/encoder/pooler key, no head
@@ -228,6 +230,8 @@ def test_an_mmf_checkpoint_loads_through_the_shipped_mapping_with_nothing_left_o
 def test_an_mmf_pretraining_checkpoint_loads_with_its_heads(tmp_path):
     from mmvl.checkpoint import apply_state_mapping
     from mmvl.trainers.resume import load_pretrained
+
+    from mmvl.engine import Engine  # its collectives are static: one process, no Engine built
 
     hidden, positions = TINY["hidden_size"], 16
     state = {k: v for k, v in mmf_state(hidden, TINY["num_hidden_layers"], VOCAB, positions, VISUAL_DIM,
@@ -245,7 +249,7 @@ def test_an_mmf_pretraining_checkpoint_loads_with_its_heads(tmp_path):
     config = load_config(["model=visual_bert", f"config={ROOT / 'configs/pretrained/mmf_visual_bert_pretraining.yaml'}",
                           "checkpoint.resume_pretrained=true", f"checkpoint.resume_file={path}"])
     model = ours(None, max_position_embeddings=positions, training_head_type="pretraining", losses=[])
-    load_pretrained(model, config)
+    load_pretrained(Engine, model, config)
     own = model.state_dict()
     mapping = OmegaConf.to_container(config.checkpoint.pretrained_state_mapping)
     assert sorted(apply_state_mapping(state, mapping)) == sorted(own)  # nothing left over on the model's side
@@ -285,6 +289,8 @@ def test_finetuning_from_a_released_folder_trains_and_predicts_on_vqa2(tmp_path)
 def test_an_mmf_checkpoint_missing_weights_lists_every_key(tmp_path):
     from mmvl.trainers.resume import load_pretrained
 
+    from mmvl.engine import Engine  # its collectives are static: one process, no Engine built
+
     state = mmf_state(TINY["hidden_size"], TINY["num_hidden_layers"], VOCAB, 16, VISUAL_DIM, LABELS)
     gone = [k for k in state if k.startswith("model.bert.encoder.layer.1.")]
     for key in gone:
@@ -294,6 +300,6 @@ def test_an_mmf_checkpoint_missing_weights_lists_every_key(tmp_path):
     config = load_config(["model=visual_bert", f"config={ROOT / 'configs/pretrained/mmf_visual_bert.yaml'}",
                           "checkpoint.resume_pretrained=true", f"checkpoint.resume_file={path}"])
     with pytest.raises(UserError) as err:
-        load_pretrained(ours(None, max_position_embeddings=16), config)
+        load_pretrained(Engine, ours(None, max_position_embeddings=16), config)
     assert f"no weights for {len(gone)} model keys" in str(err.value)
     assert all(k.replace("model.", "", 1) in str(err.value) for k in gone)
