@@ -108,13 +108,18 @@ and resumed from that folder: the resumed run trains on the rest of the same bat
     args, stop, every = RESUMES[name]
     args = _halved(args) if nproc > 1 else list(args)  # the same global batch
     args += [] if name in ("nlp_example", "checkpointing") else ["--cpu"]  # (those two run on the CPU always)
-    launch = (lambda *a: run_here(script, *a)) if nproc == 1 else (lambda *a: _status(script, *a, nproc=nproc))
+    def launch(*more: str, status: int = 0) -> None:
+        if nproc == 1:
+            assert run_here(script, *args, *more) == status
+        else:
+            _launch_expecting(status, script, *args, *more, nproc=nproc)
+
     killed = tmp_path / "killed"
-    assert launch(*args, "--output_dir", str(tmp_path / "full")) == 0
-    assert launch(*args, "--checkpointing_steps", str(every), "--stop_after", str(stop),
-                  "--output_dir", str(killed)) == 3  # the killed run's status: it exits right after the save
+    launch("--output_dir", str(tmp_path / "full"))
+    launch("--checkpointing_steps", str(every), "--stop_after", str(stop), "--output_dir", str(killed),
+           status=3)  # the killed run's status: it exits right after the save
     folder, = (f for f in killed.iterdir() if f.name.split("_")[:2] == ["step", str(stop)])  # memory: + _batch_<size>
-    assert launch(*args, "--resume_from_checkpoint", str(folder), "--output_dir", str(killed)) == 0
+    launch("--resume_from_checkpoint", str(folder), "--output_dir", str(killed))
     (full, full_model), (resumed, resumed_model) = _outcome(tmp_path / "full"), _outcome(killed)
     epoch_ends, total = set(), 0
     for epoch in full["orders"]:
@@ -130,17 +135,17 @@ and resumed from that folder: the resumed run trains on the rest of the same bat
         {k: v for k, v in full.items() if k not in counted_here}
 
 
-def _status(script: Path, *args: str, nproc: int) -> int:
-    """The exit status of ``script`` at ``nproc`` torchrun processes: 0, or the one its ranks exited with
-    (torchrun itself exits 1 then, naming each rank's status in its error report)."""
+def _launch_expecting(status: int, script: Path, *args: str, nproc: int) -> None:
+    """``script`` at ``nproc`` torchrun processes, every rank exiting with ``status`` (when not 0,
+    torchrun itself exits 1, naming each rank's status in its error report)."""
     launcher = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--nnodes=1",
                 "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--monitor-interval=0.2"]
     popen = subprocess.Popen([*launcher, str(script), *args], env=child_env(CUDA_VISIBLE_DEVICES=""),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     result = communicate(popen, 300)
-    assert result.returncode in (0, 1), result.stderr[-3000:]
-    statuses = {int(c) for c in re.findall(r"exitcode\s*:\s*(-?\d+)", result.stderr)}
-    return result.returncode if result.returncode == 0 or len(statuses) != 1 else statuses.pop()
+    ranks = re.findall(r"^\s*exitcode\s*:\s*(-?\d+)", result.stderr, re.M)  # the report's per-rank lines
+    outcome = 0 if result.returncode == 0 else (int(ranks[0]) if ranks and len(set(ranks)) == 1 else None)
+    assert outcome == status, (result.returncode, ranks, result.stderr[-3000:])
 
 
 # in this process (one interpreter for all, a real exit is SystemExit here); seconds each: slow
