@@ -7,6 +7,7 @@ import json
 import random
 import re
 import runpy
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -136,15 +137,17 @@ and resumed from that folder: the resumed run trains on the rest of the same bat
 
 
 def _launch_expecting(status: int, script: Path, *args: str, nproc: int) -> None:
-    """``script`` at ``nproc`` torchrun processes, every rank exiting with ``status`` (when not 0,
-    torchrun itself exits 1, naming each rank's status in its error report)."""
+    """``script`` at ``nproc`` torchrun processes, exiting with ``status``. When it is not 0, torchrun
+    exits 1 and names each rank's status in its report: the ranks that exited with ``status``, and
+    any it stopped (SIGTERM, -15) once the first had exited."""
     launcher = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--nnodes=1",
                 "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--monitor-interval=0.2"]
     popen = subprocess.Popen([*launcher, str(script), *args], env=child_env(CUDA_VISIBLE_DEVICES=""),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     result = communicate(popen, 300)
     ranks = re.findall(r"^\s*exitcode\s*:\s*(-?\d+)", result.stderr, re.M)  # the report's per-rank lines
-    outcome = 0 if result.returncode == 0 else (int(ranks[0]) if ranks and len(set(ranks)) == 1 else None)
+    outcome = 0 if result.returncode == 0 else (status if status != 0 and str(status) in ranks
+                                                 and set(ranks) <= {str(status), str(-signal.SIGTERM)} else None)
     assert outcome == status, (result.returncode, ranks, result.stderr[-3000:])
 
 
