@@ -136,10 +136,10 @@ class PreparedScheduler:
 class DeviceLoader:
     """Iterates a DataLoader and moves each batch to the device.
 
-    Each ``iter()`` is a new pass over the loader, as with the DataLoader itself. On
-    CUDA with ``prefetch`` the next batch is copied on a side stream while the current
-    one computes (pin the DataLoader's memory, ``pin_memory=True``, for the copy to
-    overlap).
+    Each ``iter()`` is a new pass over the loader, as with the DataLoader itself. On the CPU the
+    batches are the loader's own (not walked through for a move that does nothing). On CUDA with
+    ``prefetch`` the next batch is copied on a side stream while the current one computes (pin the
+    DataLoader's memory, ``pin_memory=True``, for the copy to overlap).
     """
 
     def __init__(self, loader: torch.utils.data.DataLoader, device: torch.device, prefetch: bool = True):
@@ -150,6 +150,9 @@ class DeviceLoader:
     def __iter__(self) -> Iterator[Any]:
         if self.prefetch and self.device.type == "cuda":
             yield from DevicePrefetcher(self.loader, self.device)
+            return
+        if self.device.type == "cpu":  # batches come from host memory: nothing to move (or walk through)
+            yield from self.loader
             return
         for batch in self.loader:
             yield to_device(batch, self.device)

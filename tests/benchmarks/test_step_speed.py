@@ -4,6 +4,7 @@ benchmarks, never asserted here."""
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import re
 import subprocess
 import sys
@@ -31,6 +32,26 @@ def test_tiny_preset_runs_every_variant():
             assert f"note: {v} skipped" in proc.stdout
     assert "MFU = FLOPs per sample x samples/s / peak FLOP/s = " in proc.stdout
     assert "no peak known for cpu" in proc.stdout
+    ratio = re.search(r"^the ported Accelerate loop on the Engine against the plain loop, same process: "
+                      r"(\d+\.\d{3})x \(target: at most 1\.02x\)$", proc.stdout, re.M)
+    assert ratio and ratio.group(1) == summary["engine"].group(5), proc.stdout
+
+
+def test_engine_variant_is_accelerates_loop_with_only_the_import_changed():
+    """One loop text for both: the Engine variant differs from Accelerate's in its import line only."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import step_speed
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    engine, accelerate = (inspect.getsource(f).splitlines() for f in (step_speed.run_engine, step_speed.run_accelerate))
+    assert len(engine) == len(accelerate)
+    differing = [(a.strip(), b.strip()) for a, b in zip(engine, accelerate) if a != b]
+    assert differing[1:] == [("from mmvl.engine import Accelerator", "from accelerate import Accelerator")]
+    assert differing[0][0].startswith("def run_engine(") and differing[0][1].startswith("def run_accelerate(")
+    assert engine[-1].strip() == "accelerate_loop(Accelerator, p, args, device, clock)"
+    loop = inspect.getsource(step_speed.accelerate_loop)
+    assert all(f"accelerator.{name}(" in loop for name in ("prepare", "backward"))
 
 
 @pytest.mark.slow  # torch.compile on the CPU: about a minute on a busy 2-core machine

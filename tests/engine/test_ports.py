@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import difflib
 import json
+import random
+import re
+import runpy
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -59,29 +64,104 @@ def test_only_import_lines_differ(script, tmp_path):
     assert diff and all(d[1:].startswith(("from accelerate", "from mmvl.engine import")) for d in diff), diff
 
 
-def _resume_is_bitwise(tmp_path: Path, nproc: int) -> None:
-    script = ported(PORTS / "checkpointing.py", tmp_path / "mmvl")
-    common = ["--dropout", "0.1", "--batch_size", str(8 // nproc)]
-    run(script, *common, "--output_dir", str(tmp_path / "full"), nproc=nproc)
+def run_here(script: Path, *args: str) -> int:
+    """``python script args`` in this process (no interpreter start per run); its exit status. Python's,
+    NumPy's and torch's RNGs are left as they were (each script seeds them itself, with ``set_seed``)."""
+    argv, py_state, np_state = sys.argv, random.getstate(), np.random.get_state()
+    sys.argv = [str(script), *args]
+    try:
+        with torch.random.fork_rng(devices=[]):
+            runpy.run_path(str(script), run_name="__main__")
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else int(e.code is not None)
+    finally:
+        sys.argv = argv
+        random.setstate(py_state)
+        np.random.set_state(np_state)
+    return 0
+
+
+def _flat(orders: list[list[list[int]]]) -> list[list[int]]:
+    return [step for epoch in orders for step in epoch]
+
+
+#: each script's kill-and-resume case: its arguments, the step after whose save_state the run is killed,
+#: and the save interval (a save at every multiple of it); the kill is mid-epoch, on shuffled data
+RESUMES = {
+    "checkpointing": (["--batch_size", "8", "--dropout", "0.1"], 15, 5),  # 12 batches an epoch
+    "nlp_example": (["--batch_size", "16", "--dropout", "0.1"], 10, 5),  # 8 batches an epoch
+    "cv_example": (["--batch_size", "16"], 6, 3),  # 4 batches an epoch
+    # 12 batches an epoch, updates at 5, 10, 12, 17, 22, 24 (a save only at an update)
+    "gradient_accumulation": (["--batch_size", "8", "--gradient_accumulation_steps", "5"], 22, 2),
+    "multi_process_metrics": (["--batch_size", "8"], 12, 4),  # 8 batches an epoch
+    "early_stopping": (["--batch_size", "8"], 12, 4),  # 8 batches an epoch, stopping later (at 20)
+    # batch 12 is over the simulated limit, the search settles on 10 (10 batches an epoch); on resume it
+    # runs again, and the try at 10 loads the state (two tries a run: each one's gc.collect takes long here)
+    "memory": (["--batch_size", "12", "--max_device_batch", "10"], 15, 5),
+}
+
+
+def _killed_and_resumed(script: Path, tmp_path: Path, name: str, nproc: int) -> None:
+    """The uninterrupted run (no checkpoints; checkpointing.py's saves every 5 steps by default) against
+    one killed right after a mid-epoch save_state
+and resumed from that folder: the resumed run trains on the rest of the same batches, in the same
+    order, and ends bitwise where the uninterrupted one ends, with the same metrics."""
+    args, stop, every = RESUMES[name]
+    args = _halved(args) if nproc > 1 else list(args)  # the same global batch
+    args += [] if name in ("nlp_example", "checkpointing") else ["--cpu"]  # (those two run on the CPU always)
+    def launch(*more: str, status: int = 0) -> None:
+        if nproc == 1:
+            assert run_here(script, *args, *more) == status
+        else:
+            _launch_expecting(status, script, *args, *more, nproc=nproc)
+
     killed = tmp_path / "killed"
-    with pytest.raises(AssertionError):  # exits (status 3) right after save_state at step 15: epoch 1, batch 3
-        run(script, *common, "--stop_after", "15", "--output_dir", str(killed), nproc=nproc)
-    run(script, *common, "--resume_from_checkpoint", str(killed / "step_15"), "--output_dir", str(killed), nproc=nproc)
+    launch("--output_dir", str(tmp_path / "full"))
+    launch("--checkpointing_steps", str(every), "--stop_after", str(stop), "--output_dir", str(killed),
+           status=3)  # the killed run's status: it exits right after the save
+    folder, = (f for f in killed.iterdir() if f.name.split("_")[:2] == ["step", str(stop)])  # memory: + _batch_<size>
+    launch("--resume_from_checkpoint", str(folder), "--output_dir", str(killed))
     (full, full_model), (resumed, resumed_model) = _outcome(tmp_path / "full"), _outcome(killed)
-    assert resumed["orders"] == full["orders"][15:]
+    epoch_ends, total = set(), 0
+    for epoch in full["orders"]:
+        total += len(epoch)
+        epoch_ends.add(total)
+    assert 0 < stop < total and stop not in epoch_ends  # killed mid-epoch, before the run's end
+    assert _flat(resumed["orders"]) == _flat(full["orders"])[stop:]
+    assert full_model.keys() == resumed_model.keys()
     for key, value in full_model.items():
         assert torch.equal(resumed_model[key], value), key
-    assert full["accuracy"] == resumed["accuracy"]
+    counted_here = ("orders", "optimizer_steps")  # what each process counts of its own updates
+    assert {k: v for k, v in resumed.items() if k not in counted_here} == \
+        {k: v for k, v in full.items() if k not in counted_here}
 
 
-@pytest.mark.slow  # two interpreters; the in-process kill-and-resume check is in test_accelerate_surface.py
-def test_checkpointing_killed_mid_epoch_and_resumed_is_bitwise_uninterrupted(tmp_path):
-    _resume_is_bitwise(tmp_path, 1)
+def _launch_expecting(status: int, script: Path, *args: str, nproc: int) -> None:
+    """``script`` at ``nproc`` torchrun processes, exiting with ``status``. When it is not 0, torchrun
+    exits 1 and names each rank's status in its report: the ranks that exited with ``status``, and
+    any it stopped (SIGTERM, -15) once the first had exited."""
+    launcher = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--nnodes=1",
+                "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--monitor-interval=0.2"]
+    popen = subprocess.Popen([*launcher, str(script), *args], env=child_env(CUDA_VISIBLE_DEVICES=""),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    result = communicate(popen, 300)
+    ranks = re.findall(r"^\s*exitcode\s*:\s*(-?\d+)", result.stderr, re.M)  # the report's per-rank lines
+    outcome = 0 if result.returncode == 0 else (status if status != 0 and str(status) in ranks
+                                                 and set(ranks) <= {str(status), str(-signal.SIGTERM)} else None)
+    assert outcome == status, (result.returncode, ranks, result.stderr[-3000:])
 
 
+# in this process (one interpreter for all, a real exit is SystemExit here); seconds each: slow
 @pytest.mark.slow
-def test_checkpointing_resume_is_bitwise_at_two_processes(tmp_path):
-    _resume_is_bitwise(tmp_path, 2)
+@pytest.mark.parametrize("name", RESUMES)
+def test_each_port_killed_after_save_state_mid_epoch_and_resumed_is_bitwise_uninterrupted(tmp_path, name):
+    _killed_and_resumed(ported(PORTS / f"{name}.py", tmp_path / "port"), tmp_path, name, 1)
+
+
+@pytest.mark.slow  # three torchrun launches of two processes each
+@pytest.mark.parametrize("name", ["checkpointing", "gradient_accumulation"])
+def test_resume_is_bitwise_at_two_processes(tmp_path, name):
+    _killed_and_resumed(ported(PORTS / f"{name}.py", tmp_path / "port"), tmp_path, name, 2)
 
 
 def _orders_are_new_disjoint_permutations(orders: list[list[list[int]]], n: int, nproc: int) -> None:

@@ -37,9 +37,10 @@ def training_function(args):
         starting_epoch = resume_step // len(train_dataloader)
         overall_step = resume_step
         resume_step -= starting_epoch * len(train_dataloader)
-    seen = []
+    orders = []
     for epoch in range(starting_epoch, args.epochs):
         model.train()
+        seen = []
         if args.resume_from_checkpoint and epoch == starting_epoch and resume_step is not None:
             active_dataloader = accelerator.skip_first_batches(train_dataloader, resume_step)
         else:
@@ -56,6 +57,7 @@ def training_function(args):
                 accelerator.save_state(output_dir)
                 if overall_step == args.stop_after:  # the run is killed right after this save
                     sys.exit(3)
+        orders.append(seen)
         model.eval()
         correct = total = 0
         for ids, x, y in eval_dataloader:
@@ -67,7 +69,7 @@ def training_function(args):
         accelerator.print(f"epoch {epoch}: accuracy {correct / total:.3f} on {total}")
     if accelerator.is_main_process:
         with open(os.path.join(args.output_dir, "result.json"), "w") as f:
-            json.dump({"orders": seen, "accuracy": correct / total, "eval_total": total}, f)
+            json.dump({"orders": orders, "accuracy": correct / total, "eval_total": total}, f)
     accelerator.save(accelerator.unwrap_model(model).state_dict(), os.path.join(args.output_dir, "model.pt"))
     accelerator.end_training()
 

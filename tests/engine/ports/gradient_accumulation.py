@@ -4,6 +4,7 @@
 import argparse
 import json
 import os
+import sys
 
 import torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -28,11 +29,25 @@ def training_function(config, args):
     optimizer = torch.optim.SGD(params=model.parameters(), lr=config["lr"], momentum=0.9)
     model, optimizer, train_dataloader, eval_dataloader = accelerator.prepare(
         model, optimizer, train_dataloader, eval_dataloader)
+    overall_step, starting_epoch, resume_step = 0, 0, None
+    if args.resume_from_checkpoint:
+        accelerator.print(f"Resumed from checkpoint: {args.resume_from_checkpoint}")
+        accelerator.load_state(args.resume_from_checkpoint)
+        training_difference = os.path.splitext(os.path.basename(args.resume_from_checkpoint))[0]
+        resume_step = int(training_difference.replace("step_", ""))
+        starting_epoch = resume_step // len(train_dataloader)
+        overall_step = resume_step
+        resume_step -= starting_epoch * len(train_dataloader)
     orders, optimizer_steps = [], 0
-    for epoch in range(config["num_epochs"]):
+    for epoch in range(starting_epoch, config["num_epochs"]):
         model.train()
         seen = []
-        for ids, x, y in train_dataloader:
+        if args.resume_from_checkpoint and epoch == starting_epoch and resume_step is not None:
+            # the batches the killed run had trained on (the restored loader is already there)
+            active_dataloader = accelerator.skip_first_batches(train_dataloader, resume_step)
+        else:
+            active_dataloader = train_dataloader
+        for ids, x, y in active_dataloader:
             # the optimizer steps, and gradients are synchronized, only on each N-th batch
             with accelerator.accumulate(model):
                 loss = torch.nn.functional.cross_entropy(model(x), y)
@@ -41,6 +56,12 @@ def training_function(config, args):
                 optimizer.zero_grad()
             optimizer_steps += int(accelerator.sync_gradients)
             seen.append(accelerator.gather(ids).tolist())
+            overall_step += 1
+            # at an update only: the gradients accumulated in between are not part of the state
+            if accelerator.sync_gradients and args.checkpointing_steps and overall_step % args.checkpointing_steps == 0:
+                accelerator.save_state(os.path.join(args.output_dir, f"step_{overall_step}"))
+                if overall_step == args.stop_after:  # the run is killed right after this save
+                    sys.exit(3)
         orders.append(seen)
         model.eval()
         correct = total = 0
@@ -67,6 +88,10 @@ def main():
     parser.add_argument("--gradient_accumulation_steps", type=int, default=5)
     parser.add_argument("--batch_size", type=int, default=8)
     parser.add_argument("--no_shuffle", action="store_true", help="Train in dataset order (to compare runs).")
+    parser.add_argument("--checkpointing_steps", type=int, default=None,
+                        help="Save the state (save_state) at each update after a batch this number divides.")
+    parser.add_argument("--resume_from_checkpoint", default=None, help="A step_<n> folder to resume from.")
+    parser.add_argument("--stop_after", type=int, default=-1, help="Exit right after the save at this step.")
     parser.add_argument("--output_dir", required=True)
     args = parser.parse_args()
     config = {"lr": 0.05, "num_epochs": 3, "seed": 42, "batch_size": args.batch_size}
