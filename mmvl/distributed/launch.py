@@ -85,7 +85,7 @@ def launch_local(config: Any, module: str, opts: list[str]) -> int:
         options["signals_to_handle"] = SIGNALS
     log.info("starting %d local processes (distributed.world_size, no launcher found)", nproc)
     with tempfile.TemporaryDirectory(prefix="mmvl_launch_") as errors, \
-            _environ({USER_ERROR_DIR: errors, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}), \
+            worker_environ({USER_ERROR_DIR: errors, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}), \
             _quiet_after_user_error(Path(errors)):
         try:
             elastic_launch(LaunchConfig(**options), sys.executable)("-u", "-m", module, *opts)
@@ -126,8 +126,9 @@ def _quiet_after_user_error(errors: Path) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _environ(values: dict[str, str]) -> Iterator[None]:
-    """Set variables the agent passes to its workers; restore this process's afterwards."""
+def worker_environ(values: dict[str, str]) -> Iterator[None]:
+    """Set variables the agent passes to its workers (``mmvl_run``'s and ``mmvl_launch``'s); restore
+    this process's afterwards."""
     saved = {k: os.environ.get(k) for k in values}
     os.environ.update(values)
     try:

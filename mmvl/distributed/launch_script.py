@@ -13,18 +13,18 @@ arguments do not name a precision (as Accelerate's ``ACCELERATE_MIXED_PRECISION`
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import os
 import sys
 import uuid
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping
 
 import yaml
 
 from mmvl import io
+from mmvl.distributed.launch import worker_environ
 from mmvl.errors import UserError, did_you_mean
 
 log = logging.getLogger(__name__)
@@ -139,7 +139,7 @@ def launch_script(settings: LaunchSettings, script: str, args: list[str], max_re
         env["CUDA_VISIBLE_DEVICES"] = ""
     log.info("mmvl_launch: %d processes on machine %d of %d (%s, mixed precision %s)", settings.num_processes,
              settings.machine_rank, settings.num_machines, settings.distributed_type, settings.mixed_precision)
-    with _environ(env):
+    with worker_environ(env):
         try:
             elastic_launch(LaunchConfig(**options), sys.executable)("-u", script, *args)
         except ChildFailedError as e:
@@ -147,17 +147,3 @@ def launch_script(settings: LaunchSettings, script: str, args: list[str], max_re
             return 1
     return 0
 
-
-@contextlib.contextmanager
-def _environ(values: dict[str, str]) -> Iterator[None]:
-    """Variables the agent's workers inherit; this process's own are restored afterwards."""
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
