@@ -139,6 +139,9 @@ def resumed_at_two_processes(tmp_path_factory) -> Path:
 @pytest.mark.parametrize("name", RESUMES)
 def test_each_port_resumed_at_two_processes_is_bitwise_uninterrupted(resumed_at_two_processes, name):
     _resumed_is_uninterrupted(resumed_at_two_processes / name, name)
+    full, args = _outcome(resumed_at_two_processes / name / "full")[0], _case_args(name, 2)
+    per_process = full["tried"][-1] if "tried" in full else int(args[args.index("--batch_size") + 1])
+    assert len(_flat(full["orders"])[0]) == 2 * per_process  # a gathered batch: both processes' parts
 
 
 def _orders_are_new_disjoint_permutations(orders: list[list[list[int]]], n: int, nproc: int) -> None:
