@@ -192,13 +192,36 @@ def init_distributed(config: Any = None, environ: Mapping[str, str] | None = Non
         minutes = float(config_value(config, "distributed.timeout_minutes", DEFAULT_TIMEOUT_MINUTES))
         log.info("Joining process group: %s rank %d/%d via %s (%s)", layout["source"], layout["rank"],
                  layout["world_size"], layout["init_method"], backend)
-        dist.init_process_group(backend=backend, init_method=layout["init_method"], rank=layout["rank"],
-                                world_size=layout["world_size"],
-                                timeout=datetime.timedelta(minutes=minutes))
+        _join(backend, layout, datetime.timedelta(minutes=minutes))
     else:
         backend = dist.get_backend()
     return DistEnv(rank=layout["rank"], world_size=layout["world_size"], local_rank=local_rank,
                    local_world_size=layout["local_world_size"], device=device, backend=backend)
+
+
+#: process groups this process has created (a notebook or sweep makes an Engine more than once)
+_groups_made = [0]
+
+
+def _join(backend: str, layout: dict[str, Any], timeout: datetime.timedelta) -> None:
+    """Create the default process group; a group after the first takes its keys under a fresh prefix.
+
+    Why: torch names every default group ``0`` again after ``destroy_process_group``, and a
+    launcher's store (torchrun's agent store) outlives the group, so a second group's ranks could
+    read the first group's stale addresses and fail to connect ("Connection refused") or hang.
+    Every rank creates its groups in the same order, so their counts, and prefixes, agree.
+    """
+    if _groups_made[0] == 0:
+        dist.init_process_group(backend=backend, init_method=layout["init_method"], rank=layout["rank"],
+                                world_size=layout["world_size"], timeout=timeout)
+    else:
+        store, rank, world_size = next(dist.rendezvous(layout["init_method"], layout["rank"],
+                                                       layout["world_size"], timeout=timeout))
+        store.set_timeout(timeout)
+        dist.init_process_group(backend=backend, store=dist.PrefixStore(f"mmvl_group_{_groups_made[0]}", store),
+                                rank=rank, world_size=world_size, timeout=timeout)
+    if dist.is_initialized():
+        _groups_made[0] += 1
 
 
 def seed_for_init(seed: int) -> int:

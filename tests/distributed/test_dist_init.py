@@ -137,6 +137,31 @@ def test_destroy_without_group_is_a_no_op():
     destroy()
 
 
+def test_a_group_made_again_in_the_process_reads_none_of_the_last_ones_keys(clean_env):
+    """torch names each default group ``0`` again, and torchrun's store outlives it: a group made
+    after ``destroy`` (a second Engine in a notebook or sweep) must not read the last group's
+    addresses (stale: its peers fail to connect or hang), so each later group gets a fresh prefix."""
+    import mmvl.distributed.init as init_mod
+
+    agent, joined, stale = dist.HashStore(), [False], []  # the launcher's store, outliving groups
+
+    def init_process_group(backend, timeout, rank, world_size, init_method=None, store=None):
+        group = dist.PrefixStore("0/", dist.PrefixStore("default_pg", store or agent))  # as torch does
+        stale.append(group.check(["rank_0_address"]))
+        group.set("rank_0_address", f"group {len(stale)}")
+        joined[0] = True
+
+    clean_env.setattr(init_mod, "_groups_made", [0])
+    clean_env.setattr(dist, "init_process_group", init_process_group)
+    clean_env.setattr(dist, "is_initialized", lambda: joined[0])
+    clean_env.setattr(dist, "rendezvous", lambda url, rank, world_size, timeout: iter([(agent, rank, world_size)]))
+    torchrun = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+    for _ in range(3):
+        assert init_distributed({}, environ=torchrun).world_size == 2
+        joined[0] = False  # destroyed
+    assert stale == [False, False, False]
+
+
 # -- which GPU each process takes (FakeGPUs: the decision, not a kernel) ----------------------------
 
 def _slurm(local_id: int, per_node: int = 4) -> dict[str, str]:

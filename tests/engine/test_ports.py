@@ -4,18 +4,14 @@ from __future__ import annotations
 
 import difflib
 import json
-import random
-import re
-import runpy
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
+from tests.engine.ports_resume_driver import killed_and_resumed, run_here
 from tests.fixtures.faults import child_env, communicate, free_port
 
 PORTS = Path(__file__).resolve().parent / "ports"
@@ -36,6 +32,8 @@ def ported(script: Path, folder: Path) -> Path:
 
 
 REFERENCE = Path(__file__).resolve().parents[1] / "fixtures" / "accelerate_reference.py"
+#: runs every script's kill-and-resume case in one process (one torchrun launch for all)
+DRIVER = Path(__file__).resolve().parent / "ports_resume_driver.py"
 
 
 def run(script: Path, *args: str, nproc: int = 1, timeout: float = 300) -> str:
@@ -64,23 +62,6 @@ def test_only_import_lines_differ(script, tmp_path):
     assert diff and all(d[1:].startswith(("from accelerate", "from mmvl.engine import")) for d in diff), diff
 
 
-def run_here(script: Path, *args: str) -> int:
-    """``python script args`` in this process (no interpreter start per run); its exit status. Python's,
-    NumPy's and torch's RNGs are left as they were (each script seeds them itself, with ``set_seed``)."""
-    argv, py_state, np_state = sys.argv, random.getstate(), np.random.get_state()
-    sys.argv = [str(script), *args]
-    try:
-        with torch.random.fork_rng(devices=[]):
-            runpy.run_path(str(script), run_name="__main__")
-    except SystemExit as e:
-        return e.code if isinstance(e.code, int) else int(e.code is not None)
-    finally:
-        sys.argv = argv
-        random.setstate(py_state)
-        np.random.set_state(np_state)
-    return 0
-
-
 def _flat(orders: list[list[list[int]]]) -> list[list[int]]:
     return [step for epoch in orders for step in epoch]
 
@@ -101,27 +82,19 @@ RESUMES = {
 }
 
 
-def _killed_and_resumed(script: Path, tmp_path: Path, name: str, nproc: int) -> None:
-    """The uninterrupted run (no checkpoints; checkpointing.py's saves every 5 steps by default) against
-    one killed right after a mid-epoch save_state
-and resumed from that folder: the resumed run trains on the rest of the same batches, in the same
-    order, and ends bitwise where the uninterrupted one ends, with the same metrics."""
-    args, stop, every = RESUMES[name]
-    args = _halved(args) if nproc > 1 else list(args)  # the same global batch
-    args += [] if name in ("nlp_example", "checkpointing") else ["--cpu"]  # (those two run on the CPU always)
-    def launch(*more: str, status: int = 0) -> None:
-        if nproc == 1:
-            assert run_here(script, *args, *more) == status
-        else:
-            _launch_expecting(status, script, *args, *more, nproc=nproc)
+def _case_args(name: str, nproc: int) -> list[str]:
+    """``name``'s kill-and-resume arguments at ``nproc`` processes: the same global batch."""
+    args = _halved(RESUMES[name][0]) if nproc > 1 else list(RESUMES[name][0])
+    return args + ([] if name in ("nlp_example", "checkpointing") else ["--cpu"])  # (those two: CPU always)
 
-    killed = tmp_path / "killed"
-    launch("--output_dir", str(tmp_path / "full"))
-    launch("--checkpointing_steps", str(every), "--stop_after", str(stop), "--output_dir", str(killed),
-           status=3)  # the killed run's status: it exits right after the save
-    folder, = (f for f in killed.iterdir() if f.name.split("_")[:2] == ["step", str(stop)])  # memory: + _batch_<size>
-    launch("--resume_from_checkpoint", str(folder), "--output_dir", str(killed))
-    (full, full_model), (resumed, resumed_model) = _outcome(tmp_path / "full"), _outcome(killed)
+
+def _resumed_is_uninterrupted(out: Path, name: str) -> None:
+    """``out/full``, the uninterrupted run (no checkpoints; checkpointing.py's saves every 5 steps by
+    default), against ``out/killed``, killed right after a mid-epoch save_state and resumed from that
+    folder: the resumed run trains on the rest of the same batches, in the same order, and ends
+    bitwise where the uninterrupted one ends, with the same metrics."""
+    stop = RESUMES[name][1]
+    (full, full_model), (resumed, resumed_model) = _outcome(out / "full"), _outcome(out / "killed")
     epoch_ends, total = set(), 0
     for epoch in full["orders"]:
         total += len(epoch)
@@ -136,32 +109,39 @@ and resumed from that folder: the resumed run trains on the rest of the same bat
         {k: v for k, v in full.items() if k not in counted_here}
 
 
-def _launch_expecting(status: int, script: Path, *args: str, nproc: int) -> None:
-    """``script`` at ``nproc`` torchrun processes, exiting with ``status``. When it is not 0, torchrun
-    exits 1 and names each rank's status in its report: the ranks that exited with ``status``, and
-    any it stopped (SIGTERM, -15) once the first had exited."""
-    launcher = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--nnodes=1",
-                "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--monitor-interval=0.2"]
-    popen = subprocess.Popen([*launcher, str(script), *args], env=child_env(CUDA_VISIBLE_DEVICES=""),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    result = communicate(popen, 300)
-    ranks = re.findall(r"^\s*exitcode\s*:\s*(-?\d+)", result.stderr, re.M)  # the report's per-rank lines
-    outcome = 0 if result.returncode == 0 else (status if status != 0 and str(status) in ranks
-                                                 and set(ranks) <= {str(status), str(-signal.SIGTERM)} else None)
-    assert outcome == status, (result.returncode, ranks, result.stderr[-3000:])
-
-
 # in this process (one interpreter for all, a real exit is SystemExit here); seconds each: slow
 @pytest.mark.slow
 @pytest.mark.parametrize("name", RESUMES)
 def test_each_port_killed_after_save_state_mid_epoch_and_resumed_is_bitwise_uninterrupted(tmp_path, name):
-    _killed_and_resumed(ported(PORTS / f"{name}.py", tmp_path / "port"), tmp_path, name, 1)
+    script = ported(PORTS / f"{name}.py", tmp_path / "port")
+
+    def launch(*args: str, status: int = 0) -> None:
+        assert run_here(script, *args) == status
+
+    killed_and_resumed(launch, _case_args(name, 1), *RESUMES[name][1:], tmp_path)
+    _resumed_is_uninterrupted(tmp_path, name)
 
 
-@pytest.mark.slow  # three torchrun launches of two processes each
-@pytest.mark.parametrize("name", ["checkpointing", "gradient_accumulation"])
-def test_resume_is_bitwise_at_two_processes(tmp_path, name):
-    _killed_and_resumed(ported(PORTS / f"{name}.py", tmp_path / "port"), tmp_path, name, 2)
+@pytest.fixture(scope="module")
+def resumed_at_two_processes(tmp_path_factory) -> Path:
+    """Every script's three runs (uninterrupted, killed, resumed) at 2 gloo processes, in one torchrun
+    launch of ports_resume_driver.py: each rank runs them in its process, one after another (three
+    launches per script cost ~80-115 s each). ``<folder>/<name>/{full,killed}`` for each script."""
+    folder = tmp_path_factory.mktemp("resumed_at_two")
+    plan = [{"script": str(ported(PORTS / f"{name}.py", folder / "port")), "args": _case_args(name, 2),
+             "stop": RESUMES[name][1], "every": RESUMES[name][2], "out": str(folder / name)} for name in RESUMES]
+    (folder / "plan.json").write_text(json.dumps(plan))
+    run(DRIVER, str(folder / "plan.json"), nproc=2, timeout=600)
+    return folder
+
+
+@pytest.mark.slow  # one torchrun launch of two processes for all seven (the fixture's)
+@pytest.mark.parametrize("name", RESUMES)
+def test_each_port_resumed_at_two_processes_is_bitwise_uninterrupted(resumed_at_two_processes, name):
+    _resumed_is_uninterrupted(resumed_at_two_processes / name, name)
+    full, args = _outcome(resumed_at_two_processes / name / "full")[0], _case_args(name, 2)
+    per_process = full["tried"][-1] if "tried" in full else int(args[args.index("--batch_size") + 1])
+    assert len(_flat(full["orders"])[0]) == 2 * per_process  # a gathered batch: both processes' parts
 
 
 def _orders_are_new_disjoint_permutations(orders: list[list[list[int]]], n: int, nproc: int) -> None:
