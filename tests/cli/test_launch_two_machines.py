@@ -1,6 +1,6 @@
 """Two machines for real: two network namespaces joined by a veth pair, one ``mmvl_launch
 --num_machines 2`` node in each, meeting at node 0's address (not 127.0.0.1); the run ends where
-one machine with the same global batch ends. Skipped, with the reason, where namespaces cannot be
+one machine with the same global batch ends; the same for ``mmvl_run`` under ``torchrun --nnodes 2``. Skipped, with the reason, where namespaces cannot be
 made (not root, no ``ip``)."""
 from __future__ import annotations
 
@@ -12,8 +12,10 @@ import sys
 import pytest
 import torch
 
+from mmvl.io import safe_load
 from tests.engine.test_ports import PORTS, ported
-from tests.fixtures.faults import child_env, communicate, free_port
+from tests.fixtures.faults import ROOT, SCRIPT, child_env, communicate, free_port
+from tests.fixtures.toy import toy_opts
 
 pytestmark = pytest.mark.slow
 #: the two nodes' addresses on their veth pair (a private /24 nothing else on the host uses)
@@ -69,5 +71,30 @@ def test_two_machines_end_where_one_machine_ends(tmp_path, namespaces):
     for result in results:
         assert result.returncode == 0, result.stderr[-3000:]
     first, second = (torch.load(tmp_path / k / "model.pt", weights_only=True) for k in ("one", "two"))
+    for key, value in first.items():
+        torch.testing.assert_close(second[key], value, atol=1e-5, rtol=0, msg=key)
+
+
+def test_mmvl_run_under_torchrun_on_two_machines_ends_where_one_machine_ends(tmp_path, namespaces):
+    """``mmvl_run`` (the toy config) under ``torchrun --nnodes 2``, one node per namespace, equals the
+    one-process run with the same global batch."""
+    opts = toy_opts(tmp_path / "two", "distributed.strategy=ddp", "training.device=cpu")
+    one = subprocess.run([sys.executable, SCRIPT, *toy_opts(tmp_path / "one", "training.device=cpu")], cwd=ROOT,
+                         env=child_env(CUDA_VISIBLE_DEVICES=""), capture_output=True, text=True, timeout=240)
+    assert one.returncode == 0, one.stderr[-3000:]
+    port = str(free_port())
+    nodes = []
+    for rank, (name, link) in enumerate(namespaces):
+        env = child_env(CUDA_VISIBLE_DEVICES="", GLOO_SOCKET_IFNAME=link)
+        nodes.append(subprocess.Popen(
+            ["ip", "netns", "exec", name, sys.executable, "-m", "torch.distributed.run", "--nnodes=2",
+             f"--node_rank={rank}", "--nproc_per_node=1", f"--master_addr={ADDRESSES[0]}", f"--master_port={port}",
+             SCRIPT, *opts], cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            start_new_session=True))
+    results = [communicate(node, 240) for node in nodes]
+    for result in results:
+        assert result.returncode == 0, result.stderr[-3000:]
+    first, second = (safe_load(tmp_path / k / "save" / "checkpoints" / "last.ckpt")["model"] for k in ("one", "two"))
+    assert safe_load(tmp_path / "two" / "save" / "checkpoints" / "last.ckpt")["trainer"]["world_size"] == 2
     for key, value in first.items():
         torch.testing.assert_close(second[key], value, atol=1e-5, rtol=0, msg=key)
