@@ -1,5 +1,6 @@
 """Frozen parts under every 2-rank strategy (2 gloo processes, the real Trainer): no gradient, no
-optimizer state, unchanged values, and a strict resume of the checkpoint.
+optimizer state, unchanged values, and a strict resume of the checkpoint; every registered model
+with its ``base`` frozen under ddp and fsdp.
 
 ``visual_bert`` with ``embeddings`` frozen mixes frozen and trainable tensors in one FSDP unit (the
 root: BERT's embeddings next to the visual embeddings and the head); ``mmbt`` with
@@ -17,19 +18,23 @@ import torch
 from mmvl.checkpoint import canonical_key
 from mmvl.config import load_config
 from mmvl.io import safe_load
+from mmvl.registry import MODELS
 
 TINY = Path(__file__).resolve().parents[1] / "models" / "tiny"
 #: (strategy, model, part, resumed): ddp and fsdp resumed from their checkpoints; a second fsdp
 #: layout and the ZeRO strategies trained only (the slow suite's time is short)
+#: the models mmvl registers (from the registry), each with its ``base`` frozen under ddp and fsdp
+SHIPPED = [name for name in MODELS.names() if MODELS.get(name).__module__.startswith("mmvl.")]
 CASES = [("ddp", "visual_bert", "embeddings", True), ("fsdp", "visual_bert", "embeddings", True),
          ("fsdp", "mmbt", "text_encoder", False), ("zero_torch", "visual_bert", "embeddings", False),
-         ("zero_fairscale", "visual_bert", "embeddings", False)]
+         ("zero_fairscale", "visual_bert", "embeddings", False),
+         *((strategy, name, "base", True) for name in SHIPPED for strategy in ("ddp", "fsdp"))]
 UPDATES = 2
 
 
 def _config(strategy: str, model: str, part: str, workdir: str, updates: int):
     return load_config([f"config={TINY / f'{model}.yaml'}", f"env.data_dir={workdir}/data",
-                        f"env.save_dir={workdir}/{strategy}_{model}", f"distributed.strategy={strategy}",
+                        f"env.save_dir={workdir}/{strategy}_{model}_{part}", f"distributed.strategy={strategy}",
                         f"model_config.{model}.freeze=[{part}]", f"training.max_updates={updates}",
                         f"training.checkpoint_interval={UPDATES}", "training.evaluation_interval=0",
                         "run_type=train", "training.batch_size=8", "distributed.backend=gloo",
@@ -94,7 +99,7 @@ def test_frozen_parts_under_every_two_rank_strategy(tmp_path):
         assert first["resumed_from"] is None and first["update"] == UPDATES, where
         if resumed:
             assert resumed["resumed_from"] and resumed["update"] == 2 * UPDATES, where
-        checkpoint = safe_load(os.path.join(tmp_path, f"{strategy}_{model}", "checkpoints", "last.ckpt"))
+        checkpoint = safe_load(os.path.join(tmp_path, f"{strategy}_{model}_{part}", "checkpoints", "last.ckpt"))
         final = {canonical_key(k): v for k, v in checkpoint["model"].items()}
         start = first["start"]
         assert set(final) == set(start), where
