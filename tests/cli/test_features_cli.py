@@ -39,6 +39,7 @@ def npy_dir(tmp_path_factory):
     return root
 
 
+@pytest.mark.slow  # four CLI processes
 def test_convert_info_and_user_errors(npy_dir, tmp_path):
     out = tmp_path / "f.lmdb"
     assert_user_error(cli("convert", "--npy-dir", npy_dir, "--out", out, "--quiet"), "--allow-pickle")

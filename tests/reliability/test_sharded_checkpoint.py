@@ -127,6 +127,7 @@ def _check(result: dict) -> None:
         assert torch.equal(result["params"][k], v), k
 
 
+@pytest.mark.slow  # two gloo processes, one killed mid-save
 def test_rank_fails_mid_save_directory_is_not_used(tmp_path):
     results = launch(_fail_then_resume, world_size=2, args=(str(tmp_path),), timeout=180)
     r = results[0]

@@ -77,7 +77,7 @@ def _distributed(env, root: str, strategy: str, backend: str) -> None:
 
 
 @pytest.mark.parametrize("strategy, backend", [
-    ("ddp", "aot_eager"),
+    pytest.param("ddp", "aot_eager", marks=pytest.mark.slow),  # two processes compiling: ~20 s
     pytest.param("fsdp", "aot_eager", marks=pytest.mark.slow),
     pytest.param("ddp", "inductor", marks=pytest.mark.slow),
     pytest.param("fsdp", "inductor", marks=pytest.mark.slow),
