@@ -14,6 +14,8 @@ Options (each overrides the config file's setting of the same name):
   --main_process_ip ADDR   machine 0's address, reachable from every machine (several machines)
   --main_process_port P    its port (default 29500 with several machines, a free one with one)
   --mixed_precision MODE   no | fp16 | bf16: what an Engine made without its own precision uses
+  --gradient_accumulation_steps K
+                           what an Engine made without its own accumulation uses (default 1)
   --distributed_type TYPE  NO | MULTI_CPU (no GPUs in the workers) | MULTI_GPU
   --max_restarts N         restart every process up to N times after a failure (default 0)
   MMVL_DEBUG=1             (environment) show the full traceback of a launch mistake
@@ -39,7 +41,8 @@ from mmvl_cli.common import cli_main, command
 #: the launcher's own flags: (name, type); everything from the script's path on is the script's
 FLAGS: tuple[tuple[str, type], ...] = (
     ("config_file", str), ("num_processes", int), ("num_machines", int), ("machine_rank", int),
-    ("main_process_ip", str), ("main_process_port", int), ("mixed_precision", str), ("distributed_type", str),
+    ("main_process_ip", str), ("main_process_port", int), ("mixed_precision", str), ("gradient_accumulation_steps", int),
+    ("distributed_type", str),
     ("max_restarts", int))
 
 
@@ -83,6 +86,7 @@ def _questions() -> list[tuple[str, str, Callable[[str], Any]]]:
         ("distributed_type", "Which kind of processes? (NO, MULTI_CPU, MULTI_GPU)", _one_of(DISTRIBUTED_TYPES)),
         ("num_processes", "How many processes on this machine?", int),
         ("mixed_precision", "Mixed precision? (no, fp16, bf16)", _one_of(MIXED_PRECISIONS)),
+        ("gradient_accumulation_steps", "How many batches to accumulate gradients over (1: none)?", int),
     ]
 
 

@@ -3,13 +3,14 @@ launch`` is), under torch's elastic agent as :mod:`mmvl.distributed.launch` star
 
 The launch settings (Accelerate's config-file keys: ``num_processes``, ``num_machines``,
 ``machine_rank``, ``main_process_ip``, ``main_process_port``, ``mixed_precision``,
-``distributed_type``, ``compute_environment``) come from a YAML file (``mmvl_launch config`` writes
+``gradient_accumulation_steps``, ``distributed_type``, ``compute_environment``) come from a YAML file (``mmvl_launch config`` writes
 it) with the command-line flags on top. One machine: a c10d rendezvous on a free local port, as
 ``torchrun --standalone``. Several: a static rendezvous at ``main_process_ip:main_process_port``
 with this machine's rank, as ``torchrun --nnodes N --node_rank R --master_addr A``; no rank is
 assumed to be on 127.0.0.1. Each worker is ``python -u <script> <its arguments>`` with the torchrun
-variables, plus :data:`MIXED_PRECISION_ENV`, which an Engine made in the script reads when its own
-arguments do not name a precision (as Accelerate's ``ACCELERATE_MIXED_PRECISION``).
+variables, plus :data:`MIXED_PRECISION_ENV` and :data:`ACCUMULATION_ENV`, which an Engine made in the
+script reads when its own arguments do not name a precision or an accumulation (as Accelerate's
+``ACCELERATE_MIXED_PRECISION`` and ``ACCELERATE_GRADIENT_ACCUMULATION_STEPS``).
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ log = logging.getLogger(__name__)
 
 #: the mixed precision a launched Engine takes when its arguments name none: no | fp16 | bf16
 MIXED_PRECISION_ENV = "MMVL_MIXED_PRECISION"
+ACCUMULATION_ENV = "MMVL_GRADIENT_ACCUMULATION_STEPS"
 #: where ``mmvl_launch config`` writes and ``mmvl_launch`` reads the settings by default
 CONFIG_ENV = "MMVL_LAUNCH_CONFIG"
 DEFAULT_CONFIG = Path("~/.cache/mmvl/launch.yaml")
@@ -52,6 +54,7 @@ class LaunchSettings:
     distributed_type: str = "MULTI_CPU"
     num_processes: int = 1
     mixed_precision: str = "no"
+    gradient_accumulation_steps: int = 1
     num_machines: int = 1
     machine_rank: int = 0
     main_process_ip: str | None = None
@@ -64,7 +67,7 @@ class LaunchSettings:
             value = getattr(self, key)
             if value not in allowed:
                 raise UserError(f"{key}={value!r} is not one of {', '.join(allowed)}.{did_you_mean(str(value), allowed)}")
-        for key in ("num_processes", "num_machines"):
+        for key in ("num_processes", "num_machines", "gradient_accumulation_steps"):
             if not isinstance(getattr(self, key), int) or getattr(self, key) < 1:
                 raise UserError(f"{key}={getattr(self, key)!r} must be a whole number >= 1.")
         if not isinstance(self.machine_rank, int) or not 0 <= self.machine_rank < self.num_machines:
@@ -134,7 +137,8 @@ def launch_script(settings: LaunchSettings, script: str, args: list[str], max_re
         port = settings.main_process_port or DEFAULT_PORT
         options.update(run_id="none", rdzv_backend="static", rdzv_endpoint=f"{settings.main_process_ip}:{port}",
                        rdzv_configs={"rank": settings.machine_rank})
-    env = {MIXED_PRECISION_ENV: settings.mixed_precision, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    env = {MIXED_PRECISION_ENV: settings.mixed_precision, ACCUMULATION_ENV: str(settings.gradient_accumulation_steps),
+           "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     if settings.distributed_type == "MULTI_CPU":
         env["CUDA_VISIBLE_DEVICES"] = ""
     log.info("mmvl_launch: %d processes on machine %d of %d (%s, mixed precision %s)", settings.num_processes,

@@ -19,7 +19,7 @@ from typing import Any, Callable
 import torch
 
 from mmvl.distributed import comm
-from mmvl.distributed.launch_script import MIXED_PRECISION_ENV
+from mmvl.distributed.launch_script import ACCUMULATION_ENV, MIXED_PRECISION_ENV
 from mmvl.errors import UserError
 from mmvl.utils.rng import seed_everything
 
@@ -128,6 +128,18 @@ def launched_precision() -> str | None:
         raise UserError(f"{MIXED_PRECISION_ENV}={value!r} is not one of {', '.join(MIXED_PRECISION)}; "
                         "fix mmvl_launch --mixed_precision or its config file.")
     return MIXED_PRECISION[value]
+
+
+def launched_accumulation() -> int | None:
+    """The accumulation ``mmvl_launch --gradient_accumulation_steps`` (or its config file) chose for
+    this process; None when it was not launched so."""
+    value = os.environ.get(ACCUMULATION_ENV)
+    if not value:
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise UserError(f"{ACCUMULATION_ENV}={value!r} is not a whole number >= 1; fix mmvl_launch "
+                        "--gradient_accumulation_steps or its config file.")
+    return int(value)
 
 
 def to_fp32(value: Any) -> Any:

@@ -46,7 +46,7 @@ from mmvl.distributed import comm
 from mmvl.distributed.env import DistEnv
 from mmvl.distributed.strategies.base import Strategy
 from mmvl.engine import state as engine_state
-from mmvl.engine.accelerate import accelerate_keywords, autocast_forward, launched_precision
+from mmvl.engine.accelerate import accelerate_keywords, autocast_forward, launched_accumulation, launched_precision
 from mmvl.engine.accelerator import AcceleratorMembers
 from mmvl.engine.loaders import PreparedLoader
 from mmvl.engine.prepared import PreparedOptimizer, PreparedScheduler, inner, rebind_scheduler
@@ -77,8 +77,9 @@ class Engine(AcceleratorMembers):
         precision, gradient_accumulation, device = accelerate_keywords(
             precision=precision, gradient_accumulation=gradient_accumulation, mixed_precision=mixed_precision,
             gradient_accumulation_steps=gradient_accumulation_steps, cpu=cpu, device=device)
-        if precision is None and config is None:  # a script's Engine: what mmvl_launch chose, if it did
-            precision = launched_precision()
+        if config is None:  # a script's Engine: what mmvl_launch chose, where its arguments say nothing
+            precision = precision if precision is not None else launched_precision()
+            gradient_accumulation = gradient_accumulation or launched_accumulation()
         self.project_dir = None if project_dir is None else str(project_dir)
         #: the trackers ``log_with`` names (checked here, on every rank); made by ``init_trackers``
         self.log_with = tracking.resolve(log_with, f"Engine(log_with={log_with!r})")
