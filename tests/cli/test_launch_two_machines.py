@@ -51,25 +51,33 @@ def namespaces():
         subprocess.run(["ip", "netns", "del", name], capture_output=True)
 
 
-def test_two_machines_end_where_one_machine_ends(tmp_path, namespaces):
-    script = ported(PORTS / "tracking.py", tmp_path / "port")
-    common = ["--cpu", "--no_shuffle", "--output_dir"]
-    one = subprocess.run([sys.executable, str(script), "--batch_size", "8", *common, str(tmp_path / "one")],
-                         env=child_env(CUDA_VISIBLE_DEVICES=""), capture_output=True, text=True, timeout=240)
+def _one_machine(argv: list[str]) -> None:
+    one = subprocess.run(argv, cwd=ROOT, env=child_env(CUDA_VISIBLE_DEVICES=""), capture_output=True, text=True,
+                         timeout=240)
     assert one.returncode == 0, one.stderr[-3000:]
-    port = str(free_port())
-    nodes = []
+
+
+def _two_machines(namespaces, node_argv) -> None:
+    """``node_argv(rank, port)`` run in rank's namespace, both to a successful end."""
+    port, nodes = str(free_port()), []
     for rank, (name, link) in enumerate(namespaces):
         # gloo finds its own address from the interface named here (the hostname resolves to loopback)
         env = child_env(CUDA_VISIBLE_DEVICES="", GLOO_SOCKET_IFNAME=link)
-        nodes.append(subprocess.Popen(
-            ["ip", "netns", "exec", name, sys.executable, "-m", "mmvl_cli.launch", "--num_machines", "2",
-             "--machine_rank", str(rank), "--main_process_ip", ADDRESSES[0], "--main_process_port", port,
-             "--num_processes", "1", str(script), "--batch_size", "4", *common, str(tmp_path / "two")],
-            env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True))
-    results = [communicate(node, 240) for node in nodes]
-    for result in results:
+        nodes.append(subprocess.Popen(["ip", "netns", "exec", name, *node_argv(rank, port)], cwd=ROOT, env=env,
+                                      text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      start_new_session=True))
+    for result in [communicate(node, 240) for node in nodes]:
         assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_two_machines_end_where_one_machine_ends(tmp_path, namespaces):
+    script = ported(PORTS / "tracking.py", tmp_path / "port")
+    common = ["--cpu", "--no_shuffle", "--output_dir"]
+    _one_machine([sys.executable, str(script), "--batch_size", "8", *common, str(tmp_path / "one")])
+    _two_machines(namespaces, lambda rank, port: [
+        sys.executable, "-m", "mmvl_cli.launch", "--num_machines", "2", "--machine_rank", str(rank),
+        "--main_process_ip", ADDRESSES[0], "--main_process_port", port, "--num_processes", "1", str(script),
+        "--batch_size", "4", *common, str(tmp_path / "two")])
     first, second = (torch.load(tmp_path / k / "model.pt", weights_only=True) for k in ("one", "two"))
     for key, value in first.items():
         torch.testing.assert_close(second[key], value, atol=1e-5, rtol=0, msg=key)
@@ -78,23 +86,12 @@ def test_two_machines_end_where_one_machine_ends(tmp_path, namespaces):
 def test_mmvl_run_under_torchrun_on_two_machines_ends_where_one_machine_ends(tmp_path, namespaces):
     """``mmvl_run`` (the toy config) under ``torchrun --nnodes 2``, one node per namespace, equals the
     one-process run with the same global batch."""
+    _one_machine([sys.executable, SCRIPT, *toy_opts(tmp_path / "one", "training.device=cpu")])
     opts = toy_opts(tmp_path / "two", "distributed.strategy=ddp", "training.device=cpu")
-    one = subprocess.run([sys.executable, SCRIPT, *toy_opts(tmp_path / "one", "training.device=cpu")], cwd=ROOT,
-                         env=child_env(CUDA_VISIBLE_DEVICES=""), capture_output=True, text=True, timeout=240)
-    assert one.returncode == 0, one.stderr[-3000:]
-    port = str(free_port())
-    nodes = []
-    for rank, (name, link) in enumerate(namespaces):
-        env = child_env(CUDA_VISIBLE_DEVICES="", GLOO_SOCKET_IFNAME=link)
-        nodes.append(subprocess.Popen(
-            ["ip", "netns", "exec", name, sys.executable, "-m", "torch.distributed.run", "--nnodes=2",
-             f"--node_rank={rank}", "--nproc_per_node=1", f"--master_addr={ADDRESSES[0]}", f"--master_port={port}",
-             SCRIPT, *opts], cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            start_new_session=True))
-    results = [communicate(node, 240) for node in nodes]
-    for result in results:
-        assert result.returncode == 0, result.stderr[-3000:]
-    first, second = (safe_load(tmp_path / k / "save" / "checkpoints" / "last.ckpt")["model"] for k in ("one", "two"))
-    assert safe_load(tmp_path / "two" / "save" / "checkpoints" / "last.ckpt")["trainer"]["world_size"] == 2
-    for key, value in first.items():
-        torch.testing.assert_close(second[key], value, atol=1e-5, rtol=0, msg=key)
+    _two_machines(namespaces, lambda rank, port: [
+        sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node_rank={rank}", "--nproc_per_node=1",
+        f"--master_addr={ADDRESSES[0]}", f"--master_port={port}", SCRIPT, *opts])
+    first, second = (safe_load(tmp_path / k / "save" / "checkpoints" / "last.ckpt") for k in ("one", "two"))
+    assert second["trainer"]["world_size"] == 2
+    for key, value in first["model"].items():
+        torch.testing.assert_close(second["model"][key], value, atol=1e-5, rtol=0, msg=key)
