@@ -34,7 +34,6 @@ Examples:
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import Any
 
 from mmvl_cli.common import cli_main, command, run_or_launch
@@ -60,20 +59,11 @@ def require_checkpoint(config: Any) -> None:
 
 
 def check_outputs(config: Any) -> None:
-    """A UserError when a prediction file could not be written, found before the split is evaluated
-    (not after: a file where the ``predictions`` folder goes, or a folder where a file goes)."""
-    from mmvl.errors import UserError
+    """A UserError when a prediction file could not be written, before the split is evaluated."""
+    from mmvl.data.predictions import check_prediction_targets
 
-    folder = Path(str(config.env.save_dir)) / "predictions"
-    if folder.exists() and not folder.is_dir():
-        raise UserError(f"{str(folder)!r} is a file, and the predictions go into a folder of that name; move "
-                        "the file, or choose another env.save_dir.")
-    split = str(config.get("run_type"))
-    for name in config.get("datasets") or []:
-        for target in (folder / f"{name}_{split}.json", folder / f"{name}_{split}.csv"):
-            if target.is_dir():
-                raise UserError(f"{str(target)!r} is a folder, and the predictions are written to a file of that "
-                                "name; move the folder, or choose another env.save_dir.")
+    check_prediction_targets(str(config.env.save_dir), [str(n) for n in config.get("datasets") or []],
+                             [str(config.get("run_type"))])
 
 
 def _predict(opts: list[str]) -> int:

@@ -11,6 +11,7 @@ import json
 import os
 from typing import Any, Iterable
 
+from mmvl.errors import UserError
 from mmvl.io import atomic_open
 
 
@@ -60,3 +61,20 @@ def write_predictions(save_dir: str, dataset: str, split: str, rows: list[dict[s
         writer.abort()
         raise
     return writer.close()
+
+
+def check_prediction_targets(save_dir: str, datasets: Iterable[str], splits: Iterable[str]) -> None:
+    """A UserError when a prediction file could not be written, found before any work (not after
+    training or evaluating a whole split): a file where the ``predictions`` folder goes, or a
+    folder where a prediction file goes."""
+    folder = os.path.join(save_dir, "predictions")
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise UserError(f"{folder!r} is a file, and the predictions go into a folder of that name; move "
+                        "the file, or choose another env.save_dir.")
+    for name in datasets:
+        for split in splits:
+            for fmt in ("json", "csv"):
+                target = os.path.join(folder, f"{name}_{split}.{fmt}")
+                if os.path.isdir(target):
+                    raise UserError(f"{target!r} is a folder, and the predictions are written to a file of that "
+                                    "name; move the folder, or choose another env.save_dir.")

@@ -27,6 +27,7 @@ from mmvl.checkpoint import CheckpointManager, State, schema
 from mmvl.build import build_callbacks, build_datasets, build_model, model_config
 from mmvl.data.sample import DevicePrefetcher
 from mmvl.data.loaders import resolve_pin_memory
+from mmvl.data.predictions import check_prediction_targets
 from mmvl.data.shard_stream import train_stream
 from mmvl.distributed.env import DistEnv
 from mmvl.engine import Engine
@@ -71,6 +72,9 @@ class Trainer:
             _check_writable(str(config.env.save_dir))
             lock_dir(str(config.env.save_dir))  # one run per save dir, for this process's life
             check_config_file(os.path.join(str(config.env.save_dir), "config.yaml"))  # before any work
+            if config.evaluation.get("predict"):  # before training, not after it
+                check_prediction_targets(str(config.env.save_dir), [str(n) for n in config.datasets or []],
+                                         [s for s in ("val", "test") if s in stages(config)])
 
         Engine.on_main_agreed(own_save_dir, "own env.save_dir")
         setup_logging(str(config.env.save_dir), self.env.rank, bool(config_value(config, "training.colored_logs")))

@@ -153,6 +153,9 @@ ROWS = [
     Row("every checkpoint corrupt", lambda c: [], "no loadable checkpoint", prepare=_corrupt_all),
     Row("predictions is a file", lambda c: [], "predictions' is a file, and the predictions go into a folder",
         predict=True, prepare=lambda c: (c.save / "predictions").write_text("my notes\n")),
+    Row("predictions is a file, mmvl_run predicting", lambda c: ["evaluation.predict=true", "training.max_updates=18"],
+        "predictions' is a file, and the predictions go into a folder",
+        prepare=lambda c: (c.save / "predictions").write_text("my notes\n")),  # refused before training on
     Row("a prediction file is a folder", lambda c: [], "toy_test.json' is a folder", predict=True,
         prepare=lambda c: (c.save / "predictions" / "toy_test.json").mkdir(parents=True)),
     Row("the user's config.yaml in save_dir", lambda c: [f"config={c.save / 'config.yaml'}"],
