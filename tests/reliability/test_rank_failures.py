@@ -21,7 +21,7 @@ def _opts(root: Path, *extra: str) -> list[str]:
 
 
 @pytest.mark.parametrize("when, extra", [
-    ("before", ()),  # rank 0 is left waiting in the gradient all-reduce
+    pytest.param("before", (), marks=pytest.mark.slow),  # rank 0 is left waiting in the gradient all-reduce
     # rank 0 waits in the next collective, with a DataLoader worker process of its own
     pytest.param("after", ("training.num_workers=1",), marks=pytest.mark.slow),
 ])
@@ -45,6 +45,7 @@ def test_rank1_raises_without_an_agent_both_exit_fast(tmp_path):
     assert "RuntimeError: injected fault on rank 1 at update 5" in ranks[1].stderr
 
 
+@pytest.mark.slow  # two torchrun ranks
 def test_nan_on_one_rank_stops_both_with_exit_2(tmp_path):
     start = time.monotonic()
     ranks = launch_ranks(_opts(tmp_path), 2, [{"update": 5, "action": "nan", "rank": 1}], timeout=LIMIT_S + 60)

@@ -48,7 +48,7 @@ def _fake_scontrol(tmp_path: Path) -> tuple[Path, Path]:
     return bin_dir, record
 
 
-@pytest.mark.parametrize("sig, twice", [(signal.SIGUSR1, False),
+@pytest.mark.parametrize("sig, twice", [pytest.param(signal.SIGUSR1, False, marks=pytest.mark.slow),
                                         pytest.param(signal.SIGTERM, False, marks=pytest.mark.slow),
                                         pytest.param(signal.SIGINT, True, marks=pytest.mark.slow)],
                          ids=["SIGUSR1", "SIGTERM", "SIGINT twice at once (one Ctrl-C)"])

@@ -64,6 +64,7 @@ def _two_ranks(env, root: str) -> tuple[int, str, int]:
     return trainer.update, trainer.preempted, trainer.last_saved
 
 
+@pytest.mark.slow  # two gloo processes
 def test_every_rank_stops_at_the_same_update_within_two_intervals(tmp_path):
     from tests.distributed.dist_launch import launch
 

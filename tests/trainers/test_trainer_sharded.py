@@ -103,6 +103,7 @@ def _runs(env, root: str) -> dict:
     return out
 
 
+@pytest.mark.slow  # gloo processes at two world sizes
 def test_sharded_checkpoints_resume_prune_and_reshard(tmp_path):
     results = launch(_runs, world_size=2, args=(str(tmp_path),), timeout=300)
     r = results[0]
