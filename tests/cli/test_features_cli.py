@@ -56,6 +56,7 @@ def test_convert_info_and_user_errors(npy_dir, tmp_path):
     assert_user_error(cli("info", out, "--check"), "'11'", str(out), "corrupt", "mmvl_features convert")
 
 
+@pytest.mark.slow  # CLI processes
 def test_missing_inputs_exit_2(tmp_path):
     assert_user_error(cli("convert", "--npy-dir", tmp_path / "nope", "--out", tmp_path / "o.lmdb"), "nope")
     assert_user_error(cli("info", tmp_path / "missing.lmdb"), "missing.lmdb")

@@ -126,6 +126,7 @@ class FullCollection(torch.utils.data.Dataset):
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/smaps_rollup")
+@pytest.mark.slow  # worker processes and a large collection
 def test_a_worker_collection_copies_nothing_inherited():
     keep = [{"x": [i]} for i in range(200_000)]  # a main-process heap of a few tens of MB
     stream = TrainStream(FullCollection(), batch_size=2, collate_fn=collate, seed=0, rank=0, world_size=1,

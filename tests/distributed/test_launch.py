@@ -63,6 +63,7 @@ def test_world_size_starts_processes_like_torchrun_and_restarts(tmp_path):
     assert "Resumed from" in log and "at update 4" in log  # the restart continued from update 4
 
 
+@pytest.mark.slow  # mmvl_run starting two ranks
 def test_user_error_in_the_ranks_is_one_line(tmp_path):
     proc = _mmvl_run(_opts(tmp_path, _user_dir(tmp_path), "distributed.world_size=2", "training.batch_size=7"))
     assert proc.returncode == 2, proc.stderr[-3000:]

@@ -116,6 +116,7 @@ def _finish(root: Path, opts: list[str], reference: Path, resumes: list[int]) ->
     _assert_bitwise_equal(root, reference)
 
 
+@pytest.mark.slow  # three killed processes and a resume
 def test_three_kills_then_bitwise_equal(tmp_path):
     """CI form: SIGKILL at a random update, inside a checkpoint write, at another random update."""
     updates, interval = 12, 2
