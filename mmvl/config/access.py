@@ -3,13 +3,16 @@
 Every module that reads ``a.b.c`` from a config (a DictConfig or plain dicts,
 as workers and tests pass) goes through :func:`config_value`; every module
 that needs plain containers (to bind ``params`` to a signature, to mutate a
-copy) goes through :func:`plain`. The key-coverage test scans calls to
-``config_value`` for the keys code reads.
+copy) goes through :func:`plain`. A key below a typed section that the schema
+does not declare (``training.sed``) raises ``KeyError`` here, so a misspelt read fails
+in the first test that takes its path instead of returning the default.
 """
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
+
+from mmvl.config.schema import declared
 
 
 class _Absent:
@@ -32,7 +35,13 @@ def lookup(tree: Any, key: str) -> Any:
 
 
 def config_value(config: Any, key: str, default: Any = None) -> Any:
-    """``config.<key>`` (dotted), or ``default`` when the key is absent or null."""
+    """``config.<key>`` (dotted), or ``default`` when the key is absent or null.
+
+    A key the schema does not declare (:func:`mmvl.config.schema.declared`) is a programming
+    error, raised whatever the config holds."""
+    if not declared(key):
+        raise KeyError(f"config key {key!r} is not declared in mmvl/config/schema.py; declare it there "
+                       "(and in configs/defaults.yaml) or fix its spelling")
     value = ABSENT if config is None else lookup(config, key)
     return default if value is ABSENT or value is None else value
 

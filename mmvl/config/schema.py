@@ -243,6 +243,21 @@ def resume_safe(key: str) -> bool:
     return False
 
 
+def declared(key: str) -> bool:
+    """Whether dotted ``key`` names a field of the schema, or lies below a ``dict`` field (``params``,
+    ``model_config``, ...), whose keys are open. Keys whose first part is no section (a model's own
+    settings, read from its ``model_config`` entry) are not the schema's to judge: True."""
+    cls: Any = Run
+    for depth, part in enumerate(key.split(".")):
+        match = next((f for f in dataclasses.fields(cls) if f.name == part), None)
+        if match is None:
+            return depth == 0
+        if not match.metadata.get("section"):
+            return True  # a leaf (a dict leaf holds open keys; below any other leaf is the value)
+        cls = match.default_factory
+    return True
+
+
 #: keys whose change on resume only ``checkpoint.reset.<name>`` may take on (``*``: any one name):
 #: a changed ``freeze`` changes which parameters the saved optimizer state belongs to
 NEEDS_RESET = {"model_config.*.freeze": "optimizer"}
