@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from typing import Any, Optional, Union
 
 from mmvl.errors import UserError, did_you_mean
-from mmvl.utils.precision import PRECISIONS
+from mmvl.utils.precision import MATMUL_PRECISIONS, PRECISIONS
 
 #: closed choices, owned here and imported by the code that acts on them
 PIN_MEMORY = ("auto", True, False)
@@ -86,6 +86,7 @@ class Training:
     update_frequency: Optional[int] = knob(None, positive=True)
     fp16: bool = knob(False)
     precision: str = knob("fp32", choices=tuple(PRECISIONS))
+    matmul_precision: str = knob("auto", safe=True, choices=MATMUL_PRECISIONS)
     clip_grad_norm: Optional[float] = knob(None)
     gradient_checkpointing: bool = knob(False)
     early_stop: EarlyStop = sub(EarlyStop, safe=True)
