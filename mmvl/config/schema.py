@@ -227,10 +227,18 @@ def defaults(cls: type = Run) -> dict[str, Any]:
     return dataclasses.asdict(cls())
 
 
+#: keys inside free-form dicts that a resume may change: the optimizer's implementation is the
+#: config's, never the checkpoint's (``mmvl.optim.restore_implementation``), e.g. ``fused=false`` to
+#: continue a run saved unfused bit for bit
+SAFE_PARAMS = ("optimizer.params.fused", "optimizer.params.foreach")
+
+
 def resume_safe(key: str) -> bool:
     """Whether a resumed run may differ from its checkpoint's config at dotted ``key``: its field,
-    or a section above it, is declared ``safe``. Keys the schema does not know (model and dataset
-    settings) are not."""
+    or a section above it, is declared ``safe`` (or it is one of :data:`SAFE_PARAMS`). Keys the
+    schema does not know (model and dataset settings) are not."""
+    if key in SAFE_PARAMS:
+        return True
     cls: Any = Run
     for part in key.split("."):
         match = next((f for f in dataclasses.fields(cls) if f.name == part), None)
