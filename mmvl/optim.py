@@ -11,7 +11,9 @@ parameters in groups whose lr is the base lr times the factor (e.g. a pretrained
 text encoder at 0.1x); a model that needs its own grouping altogether defines
 ``get_optimizer_parameters(config) -> list[param group dict]``. Frozen parameters
 (``requires_grad=False``, e.g. ``model_config.<model>.freeze``) join no group, so they hold no
-optimizer state.
+optimizer state. Adam, AdamW and SGD get torch's fused implementation by default wherever torch
+has it (:func:`implementation_default`): under fp16 the grad scaler then skips a non-finite
+update inside the kernel instead of reading a flag back every update.
 
 Schedulers are ``LambdaLR``s stepped once per update, so their state dict is
 plain numbers and survives ``weights_only`` checkpoint loading.
