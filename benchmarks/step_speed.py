@@ -10,7 +10,7 @@ boxes, a 3,129-answer VQA head with ``logit_bce``); the data are synthetic regio
 features (fp16) and token ids of one fixed length per preset (no padding, so every
 batch has the same shapes and a compiled model has no reason to recompile while it is
 timed; the recompiles seen are printed), held in host memory and served through a
-DataLoader, the way real batches arrive. Every variant trains with AdamW (fused on CUDA)
+DataLoader, the way real batches arrive. Every variant trains with AdamW (fused where torch has the kernels)
 and a linear warm-up schedule; the variants run alternately (``--repeats`` rounds), each
 for ``--warmup`` untimed updates and then ``--updates`` timed ones, each round starting with the
 next variant (the first of a turn runs faster on a busy CPU), and the median per

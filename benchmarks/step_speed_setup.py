@@ -150,7 +150,10 @@ def new_model(p: dict[str, Any]) -> torch.nn.Module:
 
 
 def new_optimizer(model: torch.nn.Module, device: torch.device):
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01, fused=device.type == "cuda")
+    from mmvl.optim import fused_supported
+
+    # fused where mmvl's build_optimizer makes it fused (the Trainer and Engine variants), so all compare alike
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01, fused=fused_supported(device))
     warmup = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, step / WARMUP_STEPS))
     return optimizer, warmup
 

@@ -11,7 +11,9 @@ parameters in groups whose lr is the base lr times the factor (e.g. a pretrained
 text encoder at 0.1x); a model that needs its own grouping altogether defines
 ``get_optimizer_parameters(config) -> list[param group dict]``. Frozen parameters
 (``requires_grad=False``, e.g. ``model_config.<model>.freeze``) join no group, so they hold no
-optimizer state.
+optimizer state. Adam, AdamW and SGD get torch's fused implementation by default wherever torch
+has it (:func:`implementation_default`): under fp16 the grad scaler then skips a non-finite
+update inside the kernel instead of reading a flag back every update.
 
 Schedulers are ``LambdaLR``s stepped once per update, so their state dict is
 plain numbers and survives ``weights_only`` checkpoint loading.
@@ -19,6 +21,7 @@ plain numbers and survives ``weights_only`` checkpoint loading.
 from __future__ import annotations
 
 import functools
+import importlib
 import logging
 import math
 from collections.abc import Mapping
@@ -35,6 +38,8 @@ from mmvl.registry import OPTIMIZERS, SCHEDULERS, register_optimizer, register_s
 log = logging.getLogger("mmvl")
 
 register_optimizer("adam_w", torch.optim.AdamW)
+register_optimizer("adam", torch.optim.Adam)
+register_optimizer("sgd", torch.optim.SGD)
 
 #: global batch size at which the configured lr is used unchanged
 LR_SCALING_BASE_BATCH_SIZE = 256
@@ -134,12 +139,58 @@ def scaled_lr(base_lr: float, scaling: str | None, global_batch_size: int | None
     return base_lr * (ratio if scaling == "linear" else math.sqrt(ratio))
 
 
-def fused_by_default(factory: Any, device: torch.device | str | None) -> bool:
-    """Adam/AdamW train on ``device`` with their fused kernel unless ``optimizer.params.fused`` says
-    otherwise: one kernel for every parameter instead of several per tensor. CUDA only (on the
-    CPU the default implementation stays)."""
-    return (device is not None and torch.device(device).type == "cuda" and isinstance(factory, type)
-            and issubclass(factory, (torch.optim.Adam, torch.optim.AdamW)))
+#: torch optimizers with a fused kernel (one kernel for every parameter, and an fp16 step that
+#: skips non-finite updates on the device: torch's GradScaler hands it the scale and the flag)
+FUSED_OPTIMIZERS = (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD)
+#: the keys that pick an optimizer's implementation, not its numbers: the config's choice, never a checkpoint's
+IMPLEMENTATION_KEYS = ("fused", "foreach")
+_fallback_logged: set[str] = set()
+
+
+def fused_supported(device: torch.device | str) -> bool:
+    """Whether this torch has fused optimizer kernels for ``device`` (CUDA always; the CPU since 2.4)."""
+    kind = torch.device(device).type
+    supported = getattr(importlib.import_module("torch.optim.optimizer"), "_get_fused_kernels_supported_devices", None)
+    return kind in (supported() if callable(supported) else ("cuda",))
+
+
+def implementation_default(factory: Any, device: torch.device | str | None,
+                           params: Mapping[str, Any]) -> dict[str, bool] | None:
+    """``{"fused": True}`` for Adam/AdamW/SGD on a device torch has their fused kernel for, unless
+    ``optimizer.params`` picks an implementation (``fused``, ``foreach``) or needs the plain one
+    (``differentiable``); ``{"foreach": True}`` (logged once) where the device lacks it."""
+    if device is None or not (isinstance(factory, type) and issubclass(factory, FUSED_OPTIMIZERS)):
+        return None
+    if any(params.get(k) is not None for k in IMPLEMENTATION_KEYS) or params.get("differentiable"):
+        return None
+    if fused_supported(device):
+        return {"fused": True}
+    kind = torch.device(device).type
+    if kind not in _fallback_logged:
+        _fallback_logged.add(kind)
+        log.info("torch %s has no fused %s kernel on %s: the foreach implementation is used (under fp16 "
+                 "it reads the scaler's finite-gradient flag every update, a host-device sync)",
+                 torch.__version__, factory.__name__, kind)
+    return {"foreach": True}
+
+
+def implementation_of(optimizer: Any) -> list[list[dict[str, Any]]]:
+    """The implementation keys of every param group, of ``optimizer`` and of the optimizer a
+    wrapper holds (ZeRO's ``optim``), to restore with :func:`restore_implementation`."""
+    layers = [optimizer] + ([optimizer.optim] if isinstance(getattr(optimizer, "optim", None),
+                                                            torch.optim.Optimizer) else [])
+    return [[{k: g[k] for k in IMPLEMENTATION_KEYS if k in g} for g in o.param_groups] for o in layers]
+
+
+def restore_implementation(optimizer: Any, saved: list[list[dict[str, Any]]]) -> None:
+    """After ``load_state_dict``: the groups keep the implementation they were built with. torch
+    takes every group key from the checkpoint, so a state saved unfused (an older run, another
+    device) would turn off a fused optimizer that GradScaler still hands the scale to, and fail."""
+    layers = [optimizer] + ([optimizer.optim] if isinstance(getattr(optimizer, "optim", None),
+                                                            torch.optim.Optimizer) else [])
+    for layer, groups in zip(layers, saved):
+        for group, keys in zip(layer.param_groups, groups):
+            group.update(keys)
 
 
 def build_optimizer(model: torch.nn.Module, config: Any,
@@ -152,7 +203,7 @@ def build_optimizer(model: torch.nn.Module, config: Any,
     factory = OPTIMIZERS.get(name)
     params = bind_params(factory, {k: tuple(v) if isinstance(v, list) else v for k, v in params.items()},
                          (None,), kind="optimizer", name=name, where="optimizer",
-                         defaults={"fused": True} if fused_by_default(factory, device) else None)
+                         defaults=implementation_default(factory, device, params))
     if "lr" in params:
         params["lr"] = scaled_lr(float(params["lr"]), opt_cfg.get("lr_scaling"), config_value(config, "training.batch_size"))
     elif opt_cfg.get("lr_scaling"):

@@ -61,3 +61,37 @@ def test_fp32_has_no_skip_flag():
     engine.backward(model(torch.ones(1, 4)).sum())
     opt.step()
     assert opt.skipped is None and opt.step_was_skipped is False
+
+
+def _fused_update(monkeypatch, clip: bool):
+    """One fp16 update of a fused AdamW; what the scaler's gradient pass and the step were given."""
+    engine = Engine(precision="fp16", env=DistEnv())
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    model, opt = engine.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True))
+    inv_scales, step_scales = [], []
+    check = torch._amp_foreach_non_finite_check_and_unscale_
+    monkeypatch.setattr(torch, "_amp_foreach_non_finite_check_and_unscale_",
+                        lambda grads, found_inf, inv_scale: (inv_scales.append(inv_scale.clone()),
+                                                             check(grads, found_inf, inv_scale))[1])
+    step = opt.optimizer.step
+    monkeypatch.setattr(opt.optimizer, "step",
+                        lambda *a, **k: (step_scales.append(getattr(opt.optimizer, "grad_scale", None)),
+                                         step(*a, **k))[1])
+    with engine.accumulate(model), engine.autocast():
+        loss = model(torch.ones(3, 4)).float().sum()
+    engine.backward(loss * 1e-3)
+    if clip:
+        engine.clip_grad_norm_(model, 1e6)  # large: nothing is clipped, the update must be the same
+    opt.step()
+    return inv_scales, step_scales, model.weight.detach()
+
+
+def test_without_clipping_the_fused_step_unscales_in_its_kernel(monkeypatch):
+    """One pass over the gradients either way: with clipping it unscales them (1/scale) and the step
+    gets no scale; without, the scaler only checks them (x1) and the fused kernel unscales."""
+    inv, steps, plain = _fused_update(monkeypatch, clip=False)
+    assert [float(i) for i in inv] == [1.0] and len(steps) == 1 and float(steps[0]) == 2.0 ** 16
+    inv, steps, clipped = _fused_update(monkeypatch, clip=True)
+    assert [float(i) for i in inv] == [2.0 ** -16] and steps == [None]
+    torch.testing.assert_close(plain, clipped)

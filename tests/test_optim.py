@@ -1,4 +1,5 @@
 """Optimizer grouping, LR scaling, name fallback, and scheduler curves."""
+import importlib
 import logging
 import math
 
@@ -7,6 +8,7 @@ import torch
 from omegaconf import OmegaConf
 
 from mmvl.errors import UserError
+from mmvl import optim
 from mmvl.optim import base_lr, build_optimizer, build_scheduler, param_groups
 
 
@@ -189,20 +191,51 @@ def test_lr_multipliers_by_parameter_prefix_also_through_a_wrapper():
     ("adam_w", "cuda", {}, True),              # the default on CUDA
     ("adam_w", torch.device("cuda", 1), {}, True),
     ("adam", "cuda", {}, True),
+    ("sgd", "cuda", {}, True),
+    ("adam_w", "cpu", {}, True),               # and on the CPU (torch >= 2.4 has the kernels)
+    ("sgd", "cpu", {"momentum": 0.9}, True),
     ("adam_w", "cuda", {"fused": False}, False),  # optimizer.params.fused overrides
-    ("adam_w", "cpu", {}, None),               # not on the CPU
-    ("adam_w", None, {}, None),
-    ("adam_w", "cpu", {"fused": True}, True),
+    ("adam_w", "cpu", {"foreach": True}, False),  # so does picking foreach (fused+foreach is an error)
+    ("adam_w", "cpu", {"differentiable": True}, False),  # fused has no differentiable step
+    ("adam_w", None, {}, False),               # no device: torch's own default
 ])
-def test_adam_is_fused_by_default_on_cuda(type_, device, params, want):
+def test_registered_optimizers_are_fused_by_default(type_, device, params, want):
     # the model is still on the CPU when the optimizer is built (prepare moves it later)
     opt = build_optimizer(Tiny(), _cfg({"type": type_, "params": {"lr": 1e-3, **params}}), device=device)
-    assert opt.defaults["fused"] is want
+    assert bool(opt.defaults["fused"]) is want
+
+
+def test_a_device_without_fused_kernels_gets_foreach_logged_once(monkeypatch, caplog):
+    torch_optimizer = importlib.import_module("torch.optim.optimizer")  # not an attribute of torch.optim
+    monkeypatch.setattr(torch_optimizer, "_get_fused_kernels_supported_devices", lambda: ["cuda"])
+    monkeypatch.setattr(optim, "_fallback_logged", set())
+    with caplog.at_level(logging.INFO, logger="mmvl"):
+        first = build_optimizer(Tiny(), _cfg({"type": "adam_w", "params": {"lr": 1e-3}}), device="cpu")
+        second = build_optimizer(Tiny(), _cfg({"type": "sgd", "params": {"lr": 1e-3}}), device="cpu")
+    assert not first.defaults["fused"] and first.defaults["foreach"] and second.defaults["foreach"]
+    said = [r.getMessage() for r in caplog.records if "no fused" in r.getMessage()]
+    assert len(said) == 1 and "foreach" in said[0] and "sync" in said[0]
 
 
 def test_other_optimizers_get_no_fused_default():
-    opt = build_optimizer(Tiny(), _cfg({"type": "sgd", "params": {"lr": 1e-3}}), device="cuda")
+    opt = build_optimizer(Tiny(), _cfg({"type": "rmsprop", "params": {"lr": 1e-3}}), device="cuda")
     assert not opt.defaults.get("fused")
+
+
+def test_a_loaded_state_keeps_the_built_implementation():
+    """A checkpoint saved unfused (an older run) loads into a fused optimizer that stays fused, so
+    the fp16 scaler, which hands fused optimizers its scale, still steps it."""
+    model = Tiny()
+    opt = build_optimizer(model, _cfg({"type": "adam_w", "params": {"lr": 1e-3}}), device="cpu")
+    saved = build_optimizer(model, _cfg({"type": "adam_w", "params": {"lr": 1e-3, "fused": False}})).state_dict()
+    kept = optim.implementation_of(opt)
+    opt.load_state_dict(saved)
+    optim.restore_implementation(opt, kept)
+    assert all(g["fused"] is True and not g["foreach"] for g in opt.param_groups)
+    scaler = torch.amp.GradScaler("cpu")
+    scaler.scale(model.lin(torch.ones(3, 4)).sum()).backward()
+    scaler.step(opt)  # an unfused group would refuse the scale here
+    scaler.update()
 
 
 @pytest.mark.cuda

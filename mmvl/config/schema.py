@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from typing import Any, Optional, Union
 
 from mmvl.errors import UserError, did_you_mean
-from mmvl.utils.precision import PRECISIONS
+from mmvl.utils.precision import MATMUL_PRECISIONS, PRECISIONS
 
 #: closed choices, owned here and imported by the code that acts on them
 PIN_MEMORY = ("auto", True, False)
@@ -86,6 +86,7 @@ class Training:
     update_frequency: Optional[int] = knob(None, positive=True)
     fp16: bool = knob(False)
     precision: str = knob("fp32", choices=tuple(PRECISIONS))
+    matmul_precision: str = knob("auto", safe=True, choices=MATMUL_PRECISIONS)
     clip_grad_norm: Optional[float] = knob(None)
     gradient_checkpointing: bool = knob(False)
     early_stop: EarlyStop = sub(EarlyStop, safe=True)
@@ -226,10 +227,18 @@ def defaults(cls: type = Run) -> dict[str, Any]:
     return dataclasses.asdict(cls())
 
 
+#: keys inside free-form dicts that a resume may change: the optimizer's implementation is the
+#: config's, never the checkpoint's (``mmvl.optim.restore_implementation``), e.g. ``fused=false`` to
+#: continue a run saved unfused bit for bit
+SAFE_PARAMS = ("optimizer.params.fused", "optimizer.params.foreach")
+
+
 def resume_safe(key: str) -> bool:
     """Whether a resumed run may differ from its checkpoint's config at dotted ``key``: its field,
-    or a section above it, is declared ``safe``. Keys the schema does not know (model and dataset
-    settings) are not."""
+    or a section above it, is declared ``safe`` (or it is one of :data:`SAFE_PARAMS`). Keys the
+    schema does not know (model and dataset settings) are not."""
+    if key in SAFE_PARAMS:
+        return True
     cls: Any = Run
     for part in key.split("."):
         match = next((f for f in dataclasses.fields(cls) if f.name == part), None)

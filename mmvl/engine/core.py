@@ -52,7 +52,7 @@ from mmvl.engine.loaders import PreparedLoader
 from mmvl.engine.prepared import PreparedOptimizer, PreparedScheduler, inner, rebind_scheduler
 from mmvl.errors import UserError
 from mmvl import tracking
-from mmvl.utils.precision import compute_dtype
+from mmvl.utils.precision import apply_matmul_precision, compute_dtype
 
 
 class Engine(AcceleratorMembers):
@@ -93,6 +93,7 @@ class Engine(AcceleratorMembers):
         training = section(config, "training")  # typed, with the schema's defaults for what is unset
         self.config = config
         self.env = env or _init_process(config)
+        apply_matmul_precision(training.matmul_precision, self.device.type, announce=self.is_main_process)
         self.precision = precision or training.precision  # MMF's fp16 flag was resolved at load
         self._dtype = compute_dtype(self.precision)  # a UserError for an unknown name
         k = gradient_accumulation or training.gradient_accumulation or 1

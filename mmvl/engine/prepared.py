@@ -2,11 +2,14 @@
 
 Under fp16 the step goes through the grad scaler, which skips updates whose gradients are not
 finite. Whether it did is left on the device instead of being read on every update, so the step
-never waits for the device; the scheduler takes back the steps of skipped updates when it
-``settle()``-s (the Trainer does at every log interval).
+never waits for the device (with torch's fused optimizers, which skip inside their kernel; the
+scaler reads the flag for any other); the scheduler takes back the steps of skipped updates when
+it ``settle()``-s (the Trainer does at every log interval).
 """
 from __future__ import annotations
 
+import copy
+import logging
 import warnings
 from typing import TYPE_CHECKING, Any, Iterator
 
@@ -16,6 +19,8 @@ from mmvl.data.sample import DevicePrefetcher, to_device
 
 if TYPE_CHECKING:
     from mmvl.engine.core import Engine
+
+log = logging.getLogger("mmvl")
 
 
 class PreparedOptimizer:
@@ -33,6 +38,10 @@ class PreparedOptimizer:
         self.optimizer = optimizer
         #: fp16: True (on the device) when the scaler skipped the last update; None otherwise
         self.skipped: torch.Tensor | None = None
+        if engine.scaler is not None and not self.skips_on_device and engine.is_main_process:
+            log.info("fp16: the grad scaler reads whether the gradients of %s are finite on every update, a "
+                     "host-device sync per update; fused adam_w/adam/sgd under single or ddp skip on the device "
+                     "(README: Speed)", type(optimizer).__name__)
 
     def step(self, closure: Any = None) -> None:
         if not self.engine.sync_gradients:
@@ -41,8 +50,8 @@ class PreparedOptimizer:
         if scaler is None:
             self.optimizer.step(closure)
             return
-        if not self.engine.grads_unscaled:
-            scaler.unscale_(self.optimizer)
+        # no unscale_ here: the scaler's step does it, inside the kernel for a fused optimizer
+        # (unless clip_grad_norm_ already did), and checks the gradients in the same pass
         before = _scale_of(scaler).clone()
         scaler.step(self.optimizer)
         scaler.update()
@@ -54,6 +63,13 @@ class PreparedOptimizer:
     def step_was_skipped(self) -> bool:
         """Whether the fp16 scaler skipped the last update (waits for the device)."""
         return self.skipped is not None and bool(self.skipped)
+
+    @property
+    def skips_on_device(self) -> bool:
+        """Whether the fp16 scaler can skip this optimizer's step on the device (torch's fused
+        optimizers take its scale and finite flag); otherwise the scaler reads the flag, one
+        host-device sync per update."""
+        return bool(getattr(self.optimizer, "_step_supports_amp_scaling", False))
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self.engine.sync_gradients:
@@ -84,17 +100,20 @@ class PreparedScheduler:
     updates the fp16 scaler skipped.
 
     Which updates were skipped is known on the device only. Instead of waiting for it on
-    every update, a closed-form schedule (``LambdaLR``: all of mmvl's) steps at once and is
-    moved back by the number of skipped updates when :meth:`settle` reads that count (the
-    Trainer does at every log interval, and ``state_dict`` does before a checkpoint). In
-    between, the lr may be ahead by the few updates skipped there. Other schedulers read the
-    flag on every update (exact, but a wait on the device).
+    every update, the schedule steps at once and is moved back by the number of skipped
+    updates when :meth:`settle` reads that count (the Trainer does at every log interval, and
+    ``state_dict`` does before a checkpoint). In between, the lr may be ahead by the few updates
+    skipped there. A closed-form schedule (``LambdaLR``: all of mmvl's) moves back by its
+    position; any other is replayed from its state at the last settle, stepping only for the
+    updates that were taken.
     """
 
     def __init__(self, engine: "Engine", scheduler: Any):
         self.engine = engine
         self.scheduler = scheduler
         self._skipped: torch.Tensor | None = None  # skipped updates not yet taken back (device)
+        self._steps = 0  # steps since the last settle
+        self._mark: tuple[dict[str, Any], list[float]] | None = None  # state and lrs at the last settle
 
     def step(self) -> None:
         if not self.engine.sync_gradients:
@@ -103,30 +122,43 @@ class PreparedScheduler:
         skipped = getattr(optimizer, "skipped", None)
         if skipped is None:
             self.scheduler.step()
-        elif not isinstance(self.scheduler, torch.optim.lr_scheduler.LambdaLR):
-            if not bool(skipped):
-                self.scheduler.step()
-        else:
-            with warnings.catch_warnings():  # torch warns when the scaler skipped the optimizer's step
-                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)` before")
-                self.scheduler.step()
-            self._skipped = skipped.int() if self._skipped is None else self._skipped + skipped
+            return
+        if self._mark is None and not isinstance(self.scheduler, torch.optim.lr_scheduler.LambdaLR):
+            lrs = [group["lr"] for group in self.scheduler.optimizer.param_groups]
+            self._mark = (copy.deepcopy(self.scheduler.state_dict()), lrs)
+        with warnings.catch_warnings():  # torch warns when the scaler skipped the optimizer's step
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)` before")
+            self.scheduler.step()
+        self._steps += 1
+        self._skipped = skipped.int() if self._skipped is None else self._skipped + skipped
 
     def settle(self) -> None:
         """Take back the steps taken for skipped fp16 updates (reads one number from the device)."""
         if self._skipped is None:
             return
         behind, self._skipped = int(self._skipped.item()), None
-        if behind:
+        steps, mark, self._steps, self._mark = self._steps, self._mark, 0, None
+        if not behind:
+            return
+        if mark is None:  # closed form: recompute every group's lr at the corrected position
             self.scheduler.last_epoch -= behind + 1
-            self.scheduler.step()  # recomputes every group's lr at the corrected position
+            self.scheduler.step()
+            return
+        state, lrs = mark  # chainable schedulers compute from the groups' lr: restore those too
+        self.scheduler.load_state_dict(state)
+        for group, lr in zip(self.scheduler.optimizer.param_groups, lrs):
+            group["lr"] = lr
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)` before")
+            for _ in range(steps - behind):
+                self.scheduler.step()
 
     def state_dict(self) -> dict[str, Any]:
         self.settle()
         return self.scheduler.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._skipped = None
+        self._skipped, self._steps, self._mark = None, 0, None
         self.scheduler.load_state_dict(state)
 
     def __getattr__(self, name: str) -> Any:

@@ -17,6 +17,7 @@ from mmvl.checkpoint import CheckpointManager, State, match_model_state, sharded
 from mmvl.distributed import comm
 from mmvl.distributed.strategies.base import Strategy
 from mmvl.engine.prepared import inner
+from mmvl.optim import implementation_of, restore_implementation
 from mmvl.utils.rng import get_rng_state, set_rng_state
 
 if TYPE_CHECKING:
@@ -50,8 +51,12 @@ class OptimizerState:
         return e.strategy.optimizer_state_dict(e.prepared_model, inner(e.prepared_optimizer))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The saved numbers; the implementation (fused, foreach) stays the one this run built."""
         e = self.engine
-        e.strategy.load_optimizer_state_dict(e.prepared_model, inner(e.prepared_optimizer), state)
+        optimizer = inner(e.prepared_optimizer)
+        built = implementation_of(optimizer)
+        e.strategy.load_optimizer_state_dict(e.prepared_model, optimizer, state)
+        restore_implementation(optimizer, built)
 
 
 def rng_state(env: Any) -> State:
@@ -84,7 +89,10 @@ def load_sharded(directory: str | os.PathLike[str], strategy: Strategy, model: t
     """Load model (and optimizer, unless None) from a complete sharded checkpoint; every rank calls
     this. The strategy reads the parts it needs (re-sharded to this world size)."""
     sharded.check_complete(directory)
+    built = implementation_of(optimizer) if optimizer is not None else None
     strategy.load_sharded_state(model, optimizer, str(directory))
+    if built is not None:
+        restore_implementation(optimizer, built)
 
 
 def save_checkpoint(engine: "Engine", manager: CheckpointManager, update: int, is_best: bool = False,

@@ -44,10 +44,12 @@ def test_the_legacy_files_are_the_old_layout():
 
 
 def test_a_legacy_full_checkpoint_resumes_bitwise(tmp_path):
-    whole = _trainer(tmp_path / "whole", "checkpoint.resume=false")
+    # the legacy run's AdamW was unfused (the CPU default then); bitwise needs the same kernel throughout
+    unfused = "optimizer.params.fused=false"
+    whole = _trainer(tmp_path / "whole", "checkpoint.resume=false", unfused)
     whole.fit()
     _plant(tmp_path / "resumed", "last.ckpt", source=LEGACY / "full")
-    resumed = _trainer(tmp_path / "resumed", "checkpoint.resume=true")
+    resumed = _trainer(tmp_path / "resumed", "checkpoint.resume=true", unfused)
     assert resumed.update == 6 and resumed.resumed_from.endswith("last.ckpt")
     resumed.fit()
     assert resumed.update == whole.update == 12

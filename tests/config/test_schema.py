@@ -40,6 +40,8 @@ def test_resume_safety_is_declared_per_field_or_section():
     assert schema.resume_safe("training.profiler.active")  # the section is safe
     assert schema.resume_safe("checkpoint.reset.counts") and schema.resume_safe("env.save_dir")
     assert not schema.resume_safe("optimizer.params.lr") and not schema.resume_safe("model_config.m.hidden")
+    # the optimizer's implementation is the config's (a loaded state keeps the built one)
+    assert schema.resume_safe("optimizer.params.fused") and schema.resume_safe("optimizer.params.foreach")
 
 
 def test_a_new_safe_field_is_one_declaration():

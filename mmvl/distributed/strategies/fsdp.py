@@ -9,6 +9,7 @@ part, through ``torch.distributed.checkpoint`` in the base class) re-shards on l
 from __future__ import annotations
 
 import contextlib
+import logging
 from typing import Any, Iterator
 
 import torch
@@ -17,6 +18,9 @@ from mmvl.distributed.init import config_value
 from mmvl.distributed.strategies.base import Strategy
 from mmvl.errors import UserError
 from mmvl.registry import register_strategy
+
+log = logging.getLogger("mmvl")
+
 
 def _state_options(full: bool):
     from torch.distributed.checkpoint.state_dict import StateDictOptions
@@ -102,7 +106,19 @@ class FSDPStrategy(Strategy):
                             "build the optimizer from model.parameters() before fsdp wraps it.")
         new_params = dict(model.named_parameters())
         remap = {id_: new_params[name] for id_, name in old_names.items()}
-        return type(optimizer)(self.param_groups(optimizer, remap), **self.optimizer_defaults(optimizer))
+        groups, defaults = self.param_groups(optimizer, remap), self.optimizer_defaults(optimizer)
+        if not isinstance(optimizer, torch.optim.Adam):  # AdamW too: DTensors have no other fused kernel
+            for options in (defaults, *groups):
+                if options.get("fused"):
+                    options["fused"] = False
+                    self._log_unfused(type(optimizer).__name__)
+        return type(optimizer)(groups, **defaults)
+
+    def _log_unfused(self, name: str) -> None:
+        if self.env.is_main_process and not getattr(self, "_said_unfused", False):
+            self._said_unfused = True
+            log.info("fsdp: %s runs unfused (torch has no fused %s kernel for sharded DTensor parameters); under "
+                     "fp16 the grad scaler reads its finite-gradient flag every update", name, name)
 
     @contextlib.contextmanager
     def no_sync(self, model: torch.nn.Module) -> Iterator[None]:
