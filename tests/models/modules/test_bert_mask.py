@@ -1,6 +1,6 @@
 """BERT gets no attention mask for a batch collate found unpadded (so sdpa may take the flash
-kernel) and a mask when text or regions are padded; the decision reads no device value, and
-the outputs with and without the mask agree."""
+kernel) and a mask when text or regions are padded; the decision reads no device value, the
+forward copies nothing from the host, and the outputs with and without the mask agree."""
 from __future__ import annotations
 
 import pytest
@@ -9,6 +9,7 @@ from omegaconf import OmegaConf
 
 from mmvl.data.sample import PADDED, collate
 from mmvl.registry import MODELS
+from tests.fixtures.copies import CopyCounter
 from tests.fixtures.syncs import SyncCounter
 
 TINY = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
@@ -61,9 +62,9 @@ def test_unpadded_batch_reaches_bert_without_a_mask_and_gives_the_same_scores(ca
     model = _model(case)
     batch = collate(_items([7, 7, 7], [4, 4, 4]))
     assert batch[PADDED] is False
-    with torch.no_grad(), SyncCounter() as syncs:
+    with torch.no_grad(), SyncCounter() as syncs, CopyCounter() as copies:
         fast = model(batch)["scores"]
-    assert syncs.calls == []  # the decision is a host bool: no device read
+    assert syncs.calls == [] and copies.calls == []  # the decision is a host bool: no device read
     assert attention_masks and all(m == (None, False) for m in attention_masks), attention_masks
     attention_masks.clear()
     with torch.no_grad():
@@ -81,9 +82,9 @@ def test_padded_text_or_regions_reach_bert_with_a_mask(case, padded, attention_m
     lengths, regions = ([7, 5, 7], [4, 4, 4]) if padded == "text" else ([7, 7, 7], [4, 2, 4])
     batch = collate(_items(lengths, regions))
     assert batch[PADDED] is True
-    with torch.no_grad(), SyncCounter() as syncs:
+    with torch.no_grad(), SyncCounter() as syncs, CopyCounter() as copies:
         model(batch)
-    assert syncs.calls == []  # the mask is built from shapes and arithmetic only
+    assert syncs.calls == [] and copies.calls == []  # the mask comes from shapes and arithmetic only
     assert attention_masks and all(m is not None for m, _ in attention_masks), attention_masks
 
 
