@@ -11,6 +11,7 @@ from typing import Any, Iterable, Iterator, Mapping
 import torch
 
 from mmvl.data import shm
+from mmvl.errors import UserError
 
 #: the batch key collate sets: True when some text token or region of the batch is masked out
 #: (padded); a model passes BERT no attention mask when it is False, so attention may take the
@@ -44,7 +45,8 @@ def collate(items: list[dict[str, Any]],
     if not items:
         raise ValueError("collate() got an empty list of samples")
     if PADDED in items[0]:
-        raise ValueError(f"collate(): samples may not have a {PADDED!r} key; collate sets it (rename the field)")
+        raise UserError(f"collate(): the samples have a {PADDED!r} key, which collate sets itself; rename that "
+                        "field in the dataset's items.")
     slots: list[_Slot] = []
     batch = _materialise(_collate_dicts(items, dict(pad_values or {}), "", slots), slots)
     batch[PADDED] = _has_padding(items, batch)

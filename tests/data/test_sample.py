@@ -7,6 +7,7 @@ from torch.utils.data import DataLoader
 import mmvl.data.shm as shm
 from mmvl.data.loaders import TrainStream
 from mmvl.data.sample import PADDED, DevicePrefetcher, batch_size_of, collate, to_device
+from mmvl.errors import UserError
 from tests.fixtures.fake_cuda import StreamRecorder
 
 
@@ -97,7 +98,7 @@ def test_the_padded_flag_is_a_host_bool_over_text_and_regions(text, regions, own
 def test_the_padded_flag_without_masks_and_a_sample_key_of_that_name():
     assert collate([{"image": torch.zeros(3)}, {"image": torch.zeros(3)}])[PADDED] is False
     assert collate([{"attention_mask": torch.ones(2)}, {"attention_mask": None}])[PADDED] is True  # not a tensor
-    with pytest.raises(ValueError, match="'padded'"):
+    with pytest.raises(UserError, match="'padded' key.*rename"):
         collate([{PADDED: 1}, {PADDED: 0}])
 
 
