@@ -55,6 +55,18 @@ class CrossEntropyLoss(Loss):
         self.ignore_index = int(ignore_index)
         self.label_smoothing = float(label_smoothing)
         self.weight = torch.tensor(list(weight), dtype=torch.float) if weight is not None else None
+        self._placed: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+
+    def weight_like(self, scores: torch.Tensor) -> torch.Tensor | None:
+        """The class weights on ``scores``' device and dtype, copied there once (a host-to-device copy
+        on every update would make the host wait for it)."""
+        if self.weight is None:
+            return None
+        key = (scores.device, scores.dtype)
+        placed = self._placed.get(key)
+        if placed is None:
+            placed = self._placed[key] = self.weight.to(scores.device, scores.dtype)
+        return placed
 
     def __call__(self, batch: Mapping[str, Any], output: Mapping[str, Any]) -> torch.Tensor:
         scores, targets = self._get(batch, output)
@@ -63,9 +75,8 @@ class CrossEntropyLoss(Loss):
                 f"loss 'cross_entropy' got float targets of shape {tuple(targets.shape)}; it expects class "
                 "indices (long, [N]). Use 'soft_label_cross_entropy' or 'logit_bce' for soft targets."
             )
-        weight = self.weight.to(scores.device, scores.dtype) if self.weight is not None else None
-        return F.cross_entropy(scores, targets.long(), weight=weight, ignore_index=self.ignore_index,
-                               label_smoothing=self.label_smoothing)
+        return F.cross_entropy(scores, targets.long(), weight=self.weight_like(scores),
+                               ignore_index=self.ignore_index, label_smoothing=self.label_smoothing)
 
 
 @register_loss("logit_bce")
@@ -109,11 +120,10 @@ class SoftLabelCrossEntropy(Loss):
 
     def __call__(self, batch: Mapping[str, Any], output: Mapping[str, Any]) -> torch.Tensor:
         scores, targets = self._get(batch, output)
-        if targets.dim() == 1:
+        if targets.dim() == 1:  # one-hot rows by a scatter, ignored rows zero: no value-sized indexing (a sync)
             keep = targets.ne(self.ignore_index)
-            dense = torch.zeros_like(scores)
-            dense[keep] = F.one_hot(targets[keep].long(), scores.size(1)).to(scores.dtype)
-            targets = dense
+            index = torch.where(keep, targets.long(), 0).unsqueeze(1)
+            targets = torch.zeros_like(scores).scatter_(1, index, keep.unsqueeze(1).to(scores.dtype))
         else:
             targets = targets.to(scores.dtype)
             keep = targets.sum(-1).ne(0)

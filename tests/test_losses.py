@@ -7,6 +7,8 @@ import torch
 from mmvl.errors import UserError
 from mmvl.losses import build_losses, compute_losses
 from mmvl.registry import LOSSES
+from tests.fixtures.copies import CopyCounter
+from tests.fixtures.syncs import SyncCounter
 
 
 def _loss(name, **params):
@@ -67,6 +69,34 @@ def test_soft_label_cross_entropy_index_targets_equal_cross_entropy():
     soft = _loss("soft_label_cross_entropy")({"targets": targets}, {"scores": scores})
     hard = _loss("cross_entropy")({"targets": targets}, {"scores": scores})
     assert soft.item() == pytest.approx(hard.item(), rel=1e-5)
+
+
+def test_cross_entropy_class_weight_is_copied_once_per_device_and_dtype():
+    """The weight reaches the scores' device and dtype once, not on every update (a blocking copy)."""
+    loss = _loss("cross_entropy", weight=[1.0, 3.0, 0.5])
+    targets = torch.tensor([0, 1, 2, 1])
+    scores = torch.randn(4, 3)
+    with CopyCounter() as copies:
+        values = [loss({"targets": targets}, {"scores": scores}) for _ in range(3)]
+    assert len(copies.calls) == 1, copies.calls  # the first call only
+    want = torch.nn.functional.cross_entropy(scores, targets, weight=torch.tensor([1.0, 3.0, 0.5]))
+    assert all(torch.equal(v, want) for v in values)
+    with CopyCounter() as copies:
+        half = loss({"targets": targets}, {"scores": scores.double()})
+        loss({"targets": targets}, {"scores": scores.double()})
+    assert len(copies.calls) == 1 and half.dtype == torch.float64  # a new dtype: one more copy, kept
+    assert half.item() == pytest.approx(want.item(), rel=1e-6)
+
+
+def test_soft_label_cross_entropy_index_targets_read_nothing_back():
+    """1-D targets with ignored rows: no boolean-mask indexing (it sizes its output by the values)."""
+    scores = torch.randn(5, 4, requires_grad=True)
+    targets = torch.tensor([1, -100, 3, 0, -100])
+    with SyncCounter() as syncs:
+        value = _loss("soft_label_cross_entropy")({"targets": targets}, {"scores": scores})
+        value.backward()
+    assert syncs.calls == []
+    assert value.item() == pytest.approx(torch.nn.functional.cross_entropy(scores, targets).item(), rel=1e-6)
 
 
 def test_build_losses_names_deduplicated_and_bad_params():

@@ -11,6 +11,14 @@ from typing import Any, Iterable, Iterator, Mapping
 import torch
 
 from mmvl.data import shm
+from mmvl.errors import UserError
+
+#: the batch key collate sets: True when some text token or region of the batch is masked out
+#: (padded); a model passes BERT no attention mask when it is False, so attention may take the
+#: fused (flash) kernel. A plain bool, decided here on the host: no model reads the mask's values.
+PADDED = "padded"
+#: the per-sample masks (1: a real token or region) whose zeros :data:`PADDED` reports
+MASK_KEYS = ("attention_mask", "feature_mask")
 
 
 def collate(items: list[dict[str, Any]],
@@ -26,15 +34,37 @@ def collate(items: list[dict[str, Any]],
     strings, ``None`` and anything else stay lists (as does a key where any
     sample has ``None``).
 
+    ``batch["padded"]`` (:data:`PADDED`) says, as a Python bool, whether any
+    ``attention_mask`` or ``feature_mask`` of the batch has a 0: text of different
+    lengths, a region count below the longest, or a sample's own masked entries.
+
     In a DataLoader worker every CPU tensor of the batch lands in one reusable
     shared-memory arena (the batch is a ``dict`` subclass that the DataLoader's
     queue sends by reference); elsewhere the batch is a plain dict of new tensors.
     """
     if not items:
         raise ValueError("collate() got an empty list of samples")
+    if PADDED in items[0]:
+        raise UserError(f"collate(): the samples have a {PADDED!r} key, which collate sets itself; rename that "
+                        "field in the dataset's items.")
     slots: list[_Slot] = []
-    batch = _collate_dicts(items, dict(pad_values or {}), "", slots)
-    return _materialise(batch, slots)
+    batch = _materialise(_collate_dicts(items, dict(pad_values or {}), "", slots), slots)
+    batch[PADDED] = _has_padding(items, batch)
+    return batch
+
+
+def _has_padding(items: list[dict[str, Any]], batch: dict[str, Any]) -> bool:
+    """Whether a mask of the collated batch has a 0: from the samples' lengths, else one read of each
+    collated host mask (a mask that is not a CPU tensor counts as padded: it is never read)."""
+    for key in MASK_KEYS:
+        if key not in batch:
+            continue
+        mask = batch[key]
+        if not isinstance(mask, torch.Tensor) or mask.device.type != "cpu":
+            return True
+        if any(item[key].shape != items[0][key].shape for item in items) or not bool(mask.all()):
+            return True
+    return False
 
 
 class _Slot:

@@ -14,7 +14,7 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from mmvl.models.modules.bert import (TextBertModel, enable_bert_checkpointing)
+from mmvl.models.modules.bert import TextBertModel, bidirectional_mask, enable_bert_checkpointing, unpadded
 from mmvl.models.modules.visual_tokens import VisualTokens, pool_tokens
 from mmvl.registry import register_model
 
@@ -44,12 +44,15 @@ class ConcatBert(TextBertModel):
 
     def forward(self, batch: dict[str, Any]) -> dict[str, Any]:
         input_ids = batch["input_ids"]
-        mask = batch.get("attention_mask")
-        out = self.bert(input_ids=input_ids, attention_mask=torch.ones_like(input_ids) if mask is None else mask,
-                        token_type_ids=batch.get("token_type_ids"))
+        text = self.bert.embeddings(input_ids=input_ids, token_type_ids=batch.get("token_type_ids"))
+        attention = None  # no text padded: no mask, so attention may use flash
+        if not unpadded(batch):  # BertModel itself would read the mask back to see whether it can drop it
+            mask = batch.get("attention_mask")
+            attention = bidirectional_mask(self.bert, text, torch.ones_like(input_ids) if mask is None else mask)
+        pooled_text = self.bert.pooler(self.bert.encoder(text, attention_mask=attention)[0])
         tokens, visual_mask = self.visual(batch)
         image = self.image_norm(pool_tokens(tokens, visual_mask, 1)[0][:, 0])
-        fused = torch.cat([out.pooler_output, image.to(out.pooler_output.dtype)], dim=-1)
+        fused = torch.cat([pooled_text, image.to(pooled_text.dtype)], dim=-1)
         return {"scores": self.classifier(fused)}
 
     def enable_gradient_checkpointing(self) -> None:

@@ -24,7 +24,7 @@ from torch import nn
 
 from mmvl.errors import UserError
 from mmvl.models.modules.bert import (TextBertModel, bidirectional_mask, build_text_bert,
-                                      enable_bert_checkpointing, plain_config, require_num_labels)
+                                      enable_bert_checkpointing, plain_config, require_num_labels, unpadded)
 from mmvl.models.modules.visual_tokens import VisualTokens, pool_tokens
 from mmvl.registry import register_model
 
@@ -76,9 +76,12 @@ class MMBT(TextBertModel):
             input_ids=input_ids[:, 1:], position_ids=torch.arange(1, length, device=device).expand(b, length - 1),
             token_type_ids=None if text_types is None else text_types[:, 1:])
         embeddings = torch.cat([image, text], dim=1)
-        ones = text_mask.new_ones(b, 1)
-        full_mask = torch.cat([ones, image_mask.to(text_mask.dtype), ones, text_mask[:, 1:]], dim=1)
-        hidden = self.bert.encoder(embeddings, attention_mask=bidirectional_mask(self.bert, embeddings, full_mask))[0]
+        attention = None  # nothing padded and every image token has regions (fewer regions leave some empty)
+        if not unpadded(batch) or tokens.shape[1] < self.num_image_tokens:
+            ones = text_mask.new_ones(b, 1)
+            full_mask = torch.cat([ones, image_mask.to(text_mask.dtype), ones, text_mask[:, 1:]], dim=1)
+            attention = bidirectional_mask(self.bert, embeddings, full_mask)
+        hidden = self.bert.encoder(embeddings, attention_mask=attention)[0]
         return {"scores": self.classifier(self.bert.pooler(hidden))}
 
     def enable_gradient_checkpointing(self) -> None:

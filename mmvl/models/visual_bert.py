@@ -33,7 +33,7 @@ from torch import nn
 from mmvl.errors import UserError
 from mmvl.models.modules import film  # noqa: F401  (registers the film_cnn image encoder)
 from mmvl.models.modules.bert import (TextBertModel, bidirectional_mask, enable_bert_checkpointing, plain_config,
-                                      require_num_labels)
+                                      require_num_labels, unpadded)
 from mmvl.models.modules.heads import PretrainingHeads
 from mmvl.models.modules.image_encoders import build_image_encoder
 from mmvl.models.modules.visual_embeddings import RegionEmbeddings, VisualEmbeddings
@@ -184,8 +184,11 @@ class VisualBert(TextBertModel):
             embeddings = torch.cat([text, visual.to(text.dtype)], dim=1)
         text_mask = batch.get("attention_mask")
         text_mask = torch.ones_like(input_ids) if text_mask is None else text_mask.long()
-        mask = torch.cat([text_mask, visual_mask.to(text_mask.dtype)], dim=1)
-        hidden = self.bert.encoder(embeddings, attention_mask=bidirectional_mask(self.bert, embeddings, mask))[0]
+        attention = None  # no text token and no region padded: no mask, so attention may use flash
+        if not unpadded(batch):
+            mask = torch.cat([text_mask, visual_mask.to(text_mask.dtype)], dim=1)
+            attention = bidirectional_mask(self.bert, embeddings, mask)
+        hidden = self.bert.encoder(embeddings, attention_mask=attention)[0]
         return hidden, self.bert.pooler(hidden), text_mask, visual_mask
 
     def forward(self, batch: dict[str, Any]) -> dict[str, Any]:

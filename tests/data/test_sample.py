@@ -6,7 +6,8 @@ from torch.utils.data import DataLoader
 
 import mmvl.data.shm as shm
 from mmvl.data.loaders import TrainStream
-from mmvl.data.sample import DevicePrefetcher, batch_size_of, collate, to_device
+from mmvl.data.sample import PADDED, DevicePrefetcher, batch_size_of, collate, to_device
+from mmvl.errors import UserError
 from tests.fixtures.fake_cuda import StreamRecorder
 
 
@@ -73,6 +74,45 @@ def test_collate_errors_name_the_key():
         collate([{"x": {"t": torch.zeros(2)}}, {"x": {"t": torch.zeros(2, 2)}}])
     with pytest.raises(ValueError):
         collate([])
+
+
+def _masked(text, regions, own_zero=False):
+    """Samples with text of the given lengths and region counts, all-ones masks (one 0 of its own)."""
+    items = [{"input_ids": torch.arange(t), "attention_mask": torch.ones(t, dtype=torch.long),
+              "features": torch.zeros(r, 2), "feature_mask": torch.ones(r, dtype=torch.long)}
+             for t, r in zip(text, regions)]
+    if own_zero:
+        items[1]["feature_mask"][-1] = 0
+    return items
+
+
+@pytest.mark.parametrize("text, regions, own_zero, padded", [
+    ([4, 4], [3, 3], False, False), ([4, 2], [3, 3], False, True), ([4, 4], [3, 1], False, True),
+    ([4, 4], [3, 3], True, True)], ids=["none", "text", "regions", "a-sample's-own-zero"])
+def test_the_padded_flag_is_a_host_bool_over_text_and_regions(text, regions, own_zero, padded):
+    batch = collate(_masked(text, regions, own_zero))
+    assert batch[PADDED] is padded
+    assert bool((batch["attention_mask"] == 0).any() or (batch["feature_mask"] == 0).any()) is padded
+
+
+def test_the_padded_flag_without_masks_and_a_sample_key_of_that_name():
+    assert collate([{"image": torch.zeros(3)}, {"image": torch.zeros(3)}])[PADDED] is False
+    assert collate([{"attention_mask": torch.ones(2)}, {"attention_mask": None}])[PADDED] is True  # not a tensor
+    with pytest.raises(UserError, match="'padded' key.*rename"):
+        collate([{PADDED: 1}, {PADDED: 0}])
+
+
+def test_the_padded_flag_survives_pin_memory_and_to_device(monkeypatch):
+    """What the DataLoader's pin-memory thread and the device copy do to a batch (pinning itself
+    needs an accelerator: here it returns the tensor, recorded)."""
+    from torch.utils.data._utils.pin_memory import pin_memory
+
+    pinned = []
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda t, *a, **k: pinned.append(t) or t)
+    for padded, text in ((False, [4, 4]), (True, [4, 2])):
+        batch = to_device(pin_memory(collate(_masked(text, [3, 3]))), torch.device("cpu"))
+        assert batch[PADDED] is padded and batch["attention_mask"].shape == (2, 4)
+    assert len(pinned) == 8  # every tensor went through the pinning path
 
 
 def test_to_device_keeps_containers_and_dtypes():
@@ -156,7 +196,8 @@ def _rich_items(n):
              "feat": torch.full((40, 512), float(i), dtype=torch.float16),
              "boxes": torch.full((3 + i % 2, 4), i / 10), "n": i, "score": i / 2, "flag": i % 2 == 0,
              "name": f"s{i}", "maybe": None if i % 3 else torch.tensor(i),
-             "nested": {"ids": torch.tensor([i, -i]), "w": 640}} for i in range(n)]
+             "nested": {"ids": torch.tensor([i, -i]), "w": 640},
+             "feature_mask": torch.tensor([1, 1, int(i != 5)])} for i in range(n)]  # sample 5: one region masked
 
 
 def _assert_batches_equal(a, b):
@@ -187,6 +228,7 @@ def test_worker_batches_equal_in_process_collate(fresh_arenas):
     for _ in range(2):
         got = list(loader)
         assert len(got) == len(expected)
+        assert [b[PADDED] for b in got] == [False, True, False, False, False, False]  # the flag travels too
         for a, b in zip(got, expected):
             _assert_batches_equal(a, b)
             assert a["nested"]["ids"].untyped_storage().data_ptr() == a["feat"].untyped_storage().data_ptr()

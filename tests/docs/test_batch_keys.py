@@ -11,6 +11,7 @@ import torch
 import mmvl  # noqa: F401  (registers the built-in datasets)
 from mmvl.build import build_datasets
 from mmvl.config import load_config
+from mmvl.data.sample import PADDED
 from mmvl.registry import DATASETS
 from tests.fixtures.vl_data import write_all
 
@@ -73,7 +74,9 @@ def _batch(name, data_dir, split, *extra):
 
 
 def check(batch: dict, expected: dict[str, list[str] | None], where: str) -> None:
-    assert set(batch) == set(expected), f"{where}: the batch has {sorted(batch)}, the table says {sorted(expected)}"
+    assert isinstance(batch.get(PADDED), bool), f"{where}: no {PADDED!r} flag (the text under the table says so)"
+    keys = set(batch) - {PADDED}
+    assert keys == set(expected), f"{where}: the batch has {sorted(keys)}, the table says {sorted(expected)}"
     for key, dims in expected.items():
         if dims is None:
             continue
@@ -113,4 +116,5 @@ def test_table_row_matches_real_batches(name, data_dir):
                                               f"{{type: features, params: {{path: {path}, max_features: 4}}}}")
     check(batch, variant, f"{name} with features")
     assert batch["features"].shape[1:] == (4, 8) and batch["feature_mask"].sum().item() == 6  # 3 real regions each
+    assert batch[PADDED] is True  # the fourth region of each sample is padding
     assert torch.is_floating_point(batch["boxes"])

@@ -1,6 +1,7 @@
 """Between two log intervals a training update never waits for the device: counted on the CPU
 (tests/fixtures/syncs.py) for the demo model and a pretraining model, and on a GPU under
-``torch.cuda.set_sync_debug_mode("error")``."""
+``torch.cuda.set_sync_debug_mode("error")``. Nor, after the first, does it copy a host value to
+the device (``torch.tensor(...)``, ``.to(device)`` of anything but the batch: tests/fixtures/copies.py)."""
 from __future__ import annotations
 
 import json
@@ -13,37 +14,46 @@ from mmvl.config import load_config
 from mmvl.trainers import Trainer
 from mmvl.trainers.callbacks import Callback
 from tests.e2e.test_sort_of_clevr_run import tiny_opts as demo_opts
+from tests.fixtures.copies import CopyCounter
 from tests.fixtures.syncs import SyncCounter
 
 ROOT = Path(__file__).resolve().parents[2]
 LOG_INTERVAL, UPDATES = 4, 9
 
 
-def _per_update_syncs(trainer: Trainer) -> dict[int, list]:
-    """Run ``trainer.fit()`` counting, per update, the syncs from on_update_start to on_update_end."""
+def _per_update_syncs(trainer: Trainer) -> tuple[dict[int, list], dict[int, list]]:
+    """Run ``trainer.fit()`` counting, per update, the syncs and the host-to-device copies from
+    on_update_start to on_update_end."""
     seen: dict[int, list] = {}
-    counter = SyncCounter()
+    copied: dict[int, list] = {}
+    counter, copies = SyncCounter(), CopyCounter()
 
     class Start(Callback):
         def on_update_start(self):
             counter.calls.clear()
+            copies.calls.clear()
 
     class End(Callback):
         def on_update_end(self, info):
             seen[trainer.update] = list(counter.calls)
+            copied[trainer.update] = list(copies.calls)
 
     trainer.callbacks.insert(0, Start(trainer))
     trainer.callbacks.append(End(trainer))
-    with counter:
+    with counter, copies:
         trainer.fit()
-    return seen
+    return seen, copied
 
 
-def _check(seen: dict[int, list]) -> None:
+def _check(counted: tuple[dict[int, list], dict[int, list]]) -> None:
+    seen, copied = counted
     quiet = {u: calls for u, calls in seen.items() if u % LOG_INTERVAL and u != UPDATES}
     assert len(quiet) == UPDATES - UPDATES // LOG_INTERVAL - 1
     assert all(not calls for calls in quiet.values()), {u: c for u, c in quiet.items() if c}
     assert seen[LOG_INTERVAL], "the counter sees the reads of a log interval"
+    after_first = {u: copied[u] for u in quiet if u > 1}
+    assert all(not calls for calls in after_first.values()), {u: c for u, c in after_first.items() if c}
+    assert copied[LOG_INTERVAL], "the copy counter sees the log interval's reduction"
 
 
 COMMON = ["run_type=train", f"training.max_updates={UPDATES}", f"training.log_interval={LOG_INTERVAL}",
@@ -51,8 +61,13 @@ COMMON = ["run_type=train", f"training.max_updates={UPDATES}", f"training.log_in
 
 
 def test_demo_model_updates_do_not_sync(tmp_path):
-    """The Sort-of-CLEVR demo: visual_bert with film_cnn and the pooled_and_visual head."""
-    trainer = Trainer(load_config(demo_opts(tmp_path) + COMMON + ["training.clip_grad_norm=1.0"]))
+    """The Sort-of-CLEVR demo: visual_bert with film_cnn and the pooled_and_visual head, its loss and,
+    next to it, a cross entropy with class weights (placed on the device once, in the first update)."""
+    weighted = "{type: cross_entropy, params: {weight: [1, 2, 1, 1, 0.5, 1, 1, 1, 1, 3]}}"
+    trainer = Trainer(load_config(demo_opts(tmp_path) + COMMON + [
+        "training.clip_grad_norm=1.0", f"model_config.visual_bert.losses=[cross_entropy, {weighted}]"]))
+    assert [name for name, _ in trainer.losses] == ["cross_entropy", "cross_entropy_1"]
+    assert trainer.losses[1][1].weight is not None
     _check(_per_update_syncs(trainer))
 
 
@@ -93,6 +108,21 @@ def test_counter_sees_reads_and_value_sized_ops():
         torch.where(y > 0, y, 0.0)
     kinds = [what for what, _ in counter.calls]
     assert kinds == ["Tensor.__float__", "Tensor.__bool__", "aten.index", "aten.nonzero", "Tensor.__format__"], kinds
+
+
+def test_copy_counter_sees_host_values_and_device_moves_not_casts():
+    x = torch.ones(3)
+    with CopyCounter() as copies:
+        torch.tensor([1.0, 2.0])
+        torch.as_tensor(3.0)
+        x.to("cpu")
+        x.to(device=torch.device("cpu"), dtype=torch.float64)
+        x.to(x)
+        x.to(torch.float16)  # a cast stays on the tensor's device
+        x.float() * 2
+        torch.nn.utils.clip_grad_norm_([], 1.0)  # torch.tensor(0.0) inside torch: its own business
+    assert [what for what, _ in copies.calls] == ["torch.tensor", "torch.as_tensor"] + ["Tensor.to"] * 3, copies.calls
+    assert all(where.startswith(__file__) for _, where in copies.calls)
 
 
 @pytest.mark.cuda

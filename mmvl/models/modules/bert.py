@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from mmvl.config.access import plain_dict as plain_config  # models read their config through it
+from mmvl.data.sample import PADDED
 from mmvl.errors import UserError
 from mmvl.models.base import BaseModel
 
@@ -125,12 +126,19 @@ def bidirectional_mask(bert: nn.Module, embeddings: torch.Tensor, mask: torch.Te
     except ImportError:  # transformers 4.x: an additive 4-D mask, also built without reading values
         return bert.get_extended_attention_mask(mask, mask.shape)
     implementation = getattr(bert.config, "_attn_implementation", None)
-    keep = mask[:, None, None, :].to(device=embeddings.device, dtype=torch.bool)
+    keep = mask[:, None, None, :].bool()  # on the embeddings' device already: no copy
     if implementation == "sdpa":
         return keep
     if implementation == "eager":
         return (~keep).to(embeddings.dtype) * torch.finfo(embeddings.dtype).min
     return create_bidirectional_mask(config=bert.config, inputs_embeds=embeddings, attention_mask=mask)
+
+
+def unpadded(batch: dict[str, Any]) -> bool:
+    """Whether collate found no padding in ``batch`` (``batch["padded"]`` is False): then BERT gets no
+    attention mask, so attention may take the fused (flash) kernel. Read as a Python bool, never from
+    the device; a batch without the flag (not from collate) keeps its mask."""
+    return batch.get(PADDED, True) is False
 
 
 def enable_bert_checkpointing(bert: nn.Module) -> None:

@@ -93,7 +93,8 @@ def pool_tokens(tokens: torch.Tensor, mask: torch.Tensor, n: int) -> tuple[torch
     """
     m = tokens.shape[1]
     group = (torch.arange(m, device=tokens.device) * n) // max(m, 1)
-    assign = nn.functional.one_hot(group, n).to(tokens.dtype)  # M x n
+    # M x n group membership; one_hot would read the group ids' min and max back (on the CPU)
+    assign = (group.unsqueeze(1) == torch.arange(n, device=tokens.device)).to(tokens.dtype)
     weights = assign.unsqueeze(0) * mask.to(tokens.dtype).unsqueeze(-1)  # B x M x n
     counts = weights.sum(1)  # B x n
     pooled = torch.einsum("bmn,bmd->bnd", weights, tokens) / counts.clamp(min=1).unsqueeze(-1)
