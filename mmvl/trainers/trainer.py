@@ -197,11 +197,11 @@ class Trainer:
     def train_step(self) -> dict[str, Any]:
         """One optimizer update over ``gradient_accumulation`` micro-batches (no wait on the device)."""
         engine, micro, tokens = self.engine, [], 0
-        count = self.flops.pending  # the first update's FLOPs, for MFU
+        counted: list[Any] | None = [] if self.flops.pending else None  # the first update's FLOPs, for MFU
         for _ in range(engine.gradient_accumulation):
             batch = engine.to_device(next(self.train_data))
-            if count:
-                self.count_flops(batch)
+            if counted is not None:
+                counted.append(dict(batch) if isinstance(batch, Mapping) else batch)  # as it came
             with engine.accumulate(self.model):
                 with engine.autocast():
                     output = self.model(batch)
@@ -218,6 +218,8 @@ class Trainer:
         self.optimizer.zero_grad()
         if self.scheduler is not None:
             self.scheduler.step()  # not for updates the fp16 scaler skipped
+        for batch in counted or ():  # after the update: no strategy holds gradients in between now
+            self.count_flops(batch)
         world = self.env.world_size
         return {"losses": totals, "grad_norm": grad_norm, "lr": lr, "tokens": tokens * world,
                 "samples": self.batch_size * engine.gradient_accumulation * world}
@@ -225,12 +227,13 @@ class Trainer:
     def count_flops(self, batch: Any) -> None:
         """Add the FLOPs of ``batch``'s forward, losses and backward to :attr:`flops`, on a side pass.
 
-        The pass runs on the unwrapped model (no DDP reducer state, no gradient communication) under
-        :func:`mmvl.utils.flops.leaves_no_trace`: RNG, buffers and gradients are as before it, so the
-        real update that follows on the same batch is bitwise the one a run without counting makes,
-        and (``FlopCounterMode`` making Dynamo skip) a compiled model compiles on that update.
-        Reusing the update's batch keeps the data order; counting every micro-batch of the update
-        keeps the count of a whole update (micro-batches may differ in padded length).
+        :meth:`train_step` calls it for each micro-batch of the first update (they may differ in
+        padded length), after that update: the update itself ran as in a run without counting
+        (compiled, when compiling: under ``FlopCounterMode`` Dynamo skips), and between micro-batches
+        a strategy may hold gradients a side backward would mix in (FSDP2 under ``no_sync``). The
+        weights have moved by then; FLOPs depend on shapes only. The pass runs on the unwrapped model
+        (no DDP reducer) under :func:`mmvl.utils.flops.leaves_no_trace`: RNG, buffers and gradients
+        are as before it, so every later update is bitwise the one a run without counting makes.
         """
         module = self.engine.unwrap_model(self.model)
         inputs = dict(batch) if isinstance(batch, Mapping) else batch  # keys a forward adds stay here

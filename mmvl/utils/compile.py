@@ -1,4 +1,4 @@
-"""Graph breaks: where ``torch.compile`` has to leave a graph and run Python, found without compiling.
+"""Graph breaks: where ``torch.compile`` has to leave a graph and run Python, found by Dynamo alone.
 
 Each break splits a compiled model into more graphs (less fusion, a return to Python per update);
 knowing them per model is what lets ``fullgraph=True`` be the aim. Dynamo runs with the ``eager``

@@ -75,6 +75,7 @@ class FlopCount:
 
     @property
     def pending(self) -> bool:
+        """Not counted yet (a caller that never wants a count sets ``total`` to 0)."""
         return self.total is None
 
     @contextlib.contextmanager

@@ -1,7 +1,9 @@
 """The Trainer counts the FLOPs of its first update on a side pass that leaves the run untouched:
 the same count as ``FlopCounterMode`` around the real update, bitwise the same run as without
 counting (dropout draws, BatchNorm statistics, gradients, data order), and a compiled model
-compiles on update 1 (under a dispatch mode Dynamo skips, so counting the real update ran it eager)."""
+compiles on update 1 (under a dispatch mode Dynamo skips, so counting the real update ran it eager).
+FSDP's gradients held between micro-batches: tests/trainers/test_trainer_distributed.py (fsdp,
+gradient_accumulation=2, equal to a single-process run)."""
 from __future__ import annotations
 
 import torch
