@@ -17,9 +17,10 @@ next variant (the first of a turn runs faster on a busy CPU), and the median per
 variant is reported: ms/update, samples/s, MFU (printed with its formula: FLOPs of one
 update counted once with ``torch.utils.flop_counter``; peak FLOP/s from mmvl's table of
 GPUs, e.g. the 989 TFLOP/s bf16 spec of H100/H200, or ``--peak-tflops``) and the ratio to
-the plain loop. The Engine variant is Accelerate's loop ported to mmvl: one loop function,
-``accelerate_loop``, run with ``Accelerator`` imported from ``mmvl.engine`` (the Engine) or from
-``accelerate``, nothing else differing; its ratio to the plain loop is printed before the summary
+the plain loop. With ``--compile`` the model's graph breaks are printed first (Dynamo in training
+mode, forward + loss, ``mmvl.utils.compile.graph_breaks``; 0 expected). The Engine variant is
+Accelerate's loop ported to mmvl: one loop function, ``accelerate_loop``, run with ``Accelerator``
+imported from ``mmvl.engine`` (the Engine) or from ``accelerate``, nothing else differing; its ratio to the plain loop is printed before the summary
 (the Engine's target: within 1.02x). The mmvl Trainer runs with its default callbacks (logging every
 ``training.log_interval``, checkpoint and preemption checks); Accelerate and Lightning
 come from the optional ``bench`` extra (``pip install -e ".[bench]"``) and are skipped
@@ -41,7 +42,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # step_speed_setup, also when imported
 from step_speed_setup import (PRESETS, ROOT, Baton, Clock, autocast, config, flops_per_sample,  # noqa: E402,F401
-                              forever, loader, loss_of, model_options, new_model, new_optimizer, register_dataset)
+                              forever, loader, loss_of, model_graph_breaks, model_options, new_model, new_optimizer,
+                              register_dataset)
 
 VARIANTS = ("plain", "engine", "trainer", "accelerate", "lightning")
 def run_round(variants: list[str], p: dict[str, Any], args: argparse.Namespace, device: torch.device,
@@ -255,6 +257,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
           f"{args.clock} clock; "
           f"{per_sample / 1e9:.3g} GFLOPs per sample (forward + backward); peak "
           + (f"{peak / 1e12:.0f} TFLOP/s" if peak else "unknown (MFU n/a; --peak-tflops sets it)"), flush=True)
+    if args.compile:  # each break is a return to Python per update in every compiled variant
+        breaks = model_graph_breaks(p, args, device)
+        print(f"graph breaks (Dynamo, training mode, forward + loss; 0 expected): visual_bert {len(breaks)}"
+              + "".join(f"\n  break: {reason}" for reason in breaks), flush=True)
     for v, why in skipped.items():
         print(f"note: {v} skipped: {why}", flush=True)
     if args.no_prefetch:

@@ -254,14 +254,31 @@ class Baton:
                 self._advance()
 
 
+def one_batch(p: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    data = synthetic(p)
+    batch = collate([data[i] for i in range(p["batch"])])
+    return {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
+
+
+def model_graph_breaks(p: dict[str, Any], args: argparse.Namespace, device: torch.device) -> list[str]:
+    """Dynamo's graph breaks of the model's forward and loss in training mode, on one batch."""
+    from mmvl.utils.compile import graph_breaks
+
+    model, batch = new_model(p).to(device).train(), one_batch(p, device)
+
+    def step(batch: dict[str, Any]) -> torch.Tensor:
+        with autocast(device, args.precision):
+            return loss_of(model(batch)["scores"], batch["targets"])
+
+    return graph_breaks(step, batch)
+
+
 def flops_per_sample(p: dict[str, Any], args: argparse.Namespace, device: torch.device) -> float:
     """Forward + backward FLOPs of one sample, counted once on one batch of the model (eager)."""
     from mmvl.utils.flops import count_flops
 
     model = new_model(p).to(device).train()
-    data = synthetic(p)
-    batch = collate([data[i] for i in range(p["batch"])])
-    batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
+    batch = one_batch(p, device)
 
     def update() -> None:
         with autocast(device, args.precision):

@@ -41,7 +41,7 @@ from mmvl.trainers.evaluation import evaluate as evaluate_split
 from mmvl.trainers.finite import NonFiniteGuard, NonFiniteLossError
 from mmvl.trainers.resume import load_pretrained, resume
 from mmvl.trainers.state import HOOKS, LOG_HOOK, Best, Evaluation, Sections, TrainerState
-from mmvl.utils.flops import FlopCount, batch_tokens
+from mmvl.utils.flops import FlopCount, batch_tokens, leaves_no_trace
 from mmvl.utils.rng import seed_everything
 
 log = logging.getLogger("mmvl")
@@ -184,8 +184,7 @@ class Trainer:
         self.dispatch("on_train_start")
         while state.update < state.max_updates and not state.should_stop:
             self.dispatch("on_update_start")
-            with self.flops.once():  # the first update's FLOPs, for MFU
-                info = self.train_step()
+            info = self.train_step()
             state.update += 1
             state.epoch = self.epoch
             self.best_tracker.saw_losses(info["losses"])
@@ -198,8 +197,11 @@ class Trainer:
     def train_step(self) -> dict[str, Any]:
         """One optimizer update over ``gradient_accumulation`` micro-batches (no wait on the device)."""
         engine, micro, tokens = self.engine, [], 0
+        counted: list[Any] | None = [] if self.flops.pending else None  # the first update's FLOPs, for MFU
         for _ in range(engine.gradient_accumulation):
             batch = engine.to_device(next(self.train_data))
+            if counted is not None:
+                counted.append(dict(batch) if isinstance(batch, Mapping) else batch)  # as it came
             with engine.accumulate(self.model):
                 with engine.autocast():
                     output = self.model(batch)
@@ -216,9 +218,30 @@ class Trainer:
         self.optimizer.zero_grad()
         if self.scheduler is not None:
             self.scheduler.step()  # not for updates the fp16 scaler skipped
+        for batch in counted or ():  # after the update: no strategy holds gradients in between now
+            self.count_flops(batch)
         world = self.env.world_size
         return {"losses": totals, "grad_norm": grad_norm, "lr": lr, "tokens": tokens * world,
                 "samples": self.batch_size * engine.gradient_accumulation * world}
+
+    def count_flops(self, batch: Any) -> None:
+        """Add the FLOPs of ``batch``'s forward, losses and backward to :attr:`flops`, on a side pass.
+
+        :meth:`train_step` calls it for each micro-batch of the first update (they may differ in
+        padded length), after that update: the update itself ran as in a run without counting
+        (compiled, when compiling: under ``FlopCounterMode`` Dynamo skips), and between micro-batches
+        a strategy may hold gradients a side backward would mix in (FSDP2 under ``no_sync``). The
+        weights have moved by then; FLOPs depend on shapes only. The pass runs on the unwrapped model
+        (no DDP reducer) under :func:`mmvl.utils.flops.leaves_no_trace`: RNG, buffers and gradients
+        are as before it, so every later update is bitwise the one a run without counting makes.
+        """
+        module = self.engine.unwrap_model(self.model)
+        inputs = dict(batch) if isinstance(batch, Mapping) else batch  # keys a forward adds stay here
+        with leaves_no_trace(module, self.env.device), self.flops.counting():
+            with self.engine.autocast():
+                output = module(inputs)
+                loss = sum(compute_losses(self.losses, inputs, output).values())
+            loss.backward()
 
     def settle(self) -> None:
         """Read back what the step left on the device (every rank calls it at the same update).

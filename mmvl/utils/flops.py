@@ -1,9 +1,14 @@
 """FLOPs, tokens and model FLOPs utilisation (MFU), shared by the Trainer's log line and benchmarks.
 
 MFU = achieved model FLOP/s / the hardware's peak FLOP/s. The FLOPs of one training
-update (forward + backward) are counted once, by ``torch.utils.flop_counter`` on a real
-update, and divided by the samples it processed; the peak comes from a small table of
-known GPUs (dense tensor-core figures, the vendor's data sheets) or from the user.
+update (forward + backward) are counted once, by ``torch.utils.flop_counter``, and divided
+by the samples it processed; the peak comes from a small table of known GPUs (dense
+tensor-core figures, the vendor's data sheets) or from the user.
+
+The Trainer counts on a side pass (:func:`leaves_no_trace`), not on a real update: a real
+update under ``FlopCounterMode`` runs eager (Dynamo skips frames while a dispatch mode is
+active), so the first compiled update would come one update late and the counted one would
+differ from the others.
 """
 from __future__ import annotations
 
@@ -66,20 +71,55 @@ class FlopCount:
     """
 
     def __init__(self) -> None:
-        self.total: int | None = None
+        self.total: int | None = None  # None: not counted yet
+
+    @property
+    def pending(self) -> bool:
+        """Not counted yet (a caller that never wants a count sets ``total`` to 0)."""
+        return self.total is None
 
     @contextlib.contextmanager
     def counting(self) -> Iterator[None]:
+        """Adds the FLOPs run inside to :attr:`total` (several micro-batches add up to one update)."""
         from torch.utils.flop_counter import FlopCounterMode
 
         mode = FlopCounterMode(display=False)
         with mode:
             yield
-        self.total = int(mode.get_total_flops())
+        self.total = (self.total or 0) + int(mode.get_total_flops())
 
-    def once(self) -> contextlib.AbstractContextManager:
-        """``counting()`` the first time, a no-op afterwards."""
-        return self.counting() if self.total is None else contextlib.nullcontext()
+
+@contextlib.contextmanager
+def leaves_no_trace(module: torch.nn.Module, device: torch.device | str | None = None) -> Iterator[None]:
+    """Run a forward and backward of ``module`` on its own weights as if it never happened.
+
+    Restored on exit: the CPU generator and ``device``'s (dropout draws), every buffer's
+    value and object (BatchNorm running statistics, ``num_batches_tracked``) and every
+    parameter's ``.grad`` (set to None inside, so a backward accumulates into tensors that are
+    then dropped; the gradients the next update starts from are the ones it had). The weights
+    are used in place, not copied: a forward never writes them and the pass needs no extra
+    memory for them, and the arithmetic is the same kernels on the same values as the real update.
+    """
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    grads = [(p, p.grad) for p in module.parameters()]
+    for p, _ in grads:
+        p.grad = None
+    buffers = [(name, b, b.detach().clone()) for name, b in module.named_buffers()]
+    devices = [device.index if device.index is not None else torch.cuda.current_device()] \
+        if device.type == "cuda" else []
+    try:
+        with torch.random.fork_rng(devices=devices):
+            yield
+    finally:
+        with torch.no_grad():
+            for name, original, saved in buffers:
+                owner, _, leaf = name.rpartition(".")
+                holder = module.get_submodule(owner)
+                if getattr(holder, leaf) is not original:  # a forward that rebinds instead of updating
+                    setattr(holder, leaf, original)
+                original.copy_(saved)
+        for p, grad in grads:
+            p.grad = grad
 
 
 def count_flops(fn: Any, *args: Any, **kwargs: Any) -> int:

@@ -1,6 +1,6 @@
 """``benchmarks/step_speed.py --preset tiny`` runs every variant and ends with one summary line each, after
-the MFU formula (and, compiled, the recompiles while timed); the clock's recompile count itself. Figures are
-benchmarks, never asserted here."""
+the MFU formula (and, compiled, the model's graph breaks and the recompiles while timed); the clock's
+recompile count itself. Figures are benchmarks, never asserted here."""
 from __future__ import annotations
 
 import importlib.util
@@ -61,6 +61,8 @@ def test_tiny_preset_compiled_reports_zero_recompiles_while_timed():
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert re.search(r"^recompiles while timed \(.*\): plain 0, trainer 0$", proc.stdout, re.M), proc.stdout
+    assert re.search(r"^graph breaks \(Dynamo, training mode, forward \+ loss; 0 expected\): visual_bert 0$",
+                     proc.stdout, re.M), proc.stdout
     assert re.search(r"^MFU = FLOPs per sample x samples/s / peak FLOP/s = [\d.e+-]+ GFLOP x samples/s / ",
                      proc.stdout, re.M), proc.stdout
 

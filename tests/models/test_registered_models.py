@@ -7,46 +7,13 @@ config layer for ``load_config(["config=<file>", ...])`` that trains in seconds 
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
-import mmvl  # noqa: F401  (registers the built-in models)
-from mmvl.build import build_datasets, build_model, model_config
-from mmvl.config import load_config
-from mmvl.losses import build_losses, compute_losses
-from mmvl.optim import build_optimizer
-from mmvl.registry import MODELS
+from tests.fixtures.tiny_models import SHIPPED, TINY, build_tiny
+from mmvl.losses import compute_losses
 
-TINY = Path(__file__).resolve().parent / "tiny"
 STEPS = 20
-#: the models mmvl registers (test fixtures register their own, e.g. toy_mlp, which ship nothing)
-SHIPPED = [name for name in MODELS.names() if MODELS.get(name).__module__.startswith("mmvl.")]
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    """One generated copy of the tiny configs' data for every model."""
-    return tmp_path_factory.mktemp("tiny_data")
-
-
-def _build(name: str, data_dir: Path, save_dir: Path):
-    path = TINY / f"{name}.yaml"
-    assert path.is_file(), (f"registered model {name!r} has no tiny config: add {path.relative_to(TINY.parents[2])} "
-                            f"(a config layer with model: {name} that trains in seconds on generated data)")
-    config = load_config([f"config={path}", f"env.data_dir={data_dir}", f"env.save_dir={save_dir}"])
-    assert config.model == name
-    torch.manual_seed(0)
-    builders = build_datasets(config)
-    for builder in builders.values():
-        builder.prepare()
-    model = build_model(config, builders)
-    losses = build_losses(list(model_config(config, builders).get("losses") or []))
-    (builder,) = builders.values()
-    loader = torch.utils.data.DataLoader(builder.build("train"), batch_size=int(config.training.batch_size),
-                                         shuffle=False, collate_fn=builder.collate)
-    return config, model, losses, build_optimizer(model, config), next(iter(loader))
 
 
 def _loss(model, losses, batch) -> torch.Tensor:
@@ -58,8 +25,8 @@ def _loss(model, losses, batch) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("name", SHIPPED)
-def test_registered_model_forward_backward_and_learns(name, data_dir, tmp_path):
-    config, model, losses, optimizer, batch = _build(name, data_dir, tmp_path)
+def test_registered_model_forward_backward_and_learns(name, tiny_data_dir, tmp_path):
+    config, model, losses, optimizer, batch = build_tiny(name, tiny_data_dir, tmp_path)
     model.train()
     loss = _loss(model, losses, batch)
     assert loss.dim() == 0 and torch.isfinite(loss)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from mmvl.utils import flops
-from mmvl.utils.flops import batch_tokens, count_flops, mfu, peak_flops
+from mmvl.utils.flops import batch_tokens, count_flops, leaves_no_trace, mfu, peak_flops
 
 
 def test_linear_stack_flops_match_the_hand_count():
@@ -44,3 +44,38 @@ def test_batch_tokens_counts_text_and_regions_from_shapes():
     batch = {"input_ids": torch.zeros(4, 9, dtype=torch.long), "features": torch.zeros(4, 36, 2048)}
     assert batch_tokens(batch) == 4 * 9 + 4 * 36
     assert batch_tokens({"image": torch.zeros(2, 3, 8, 8)}) == 0
+
+
+class _Rebinds(torch.nn.Module):
+    """A forward that rebinds its buffer (``self.seen = ...``) instead of updating it in place."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("seen", torch.zeros(()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen = self.seen + 1
+        return x
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_a_side_pass_leaves_rng_buffers_and_gradients_as_they_were(device):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.BatchNorm1d(8), torch.nn.Dropout(0.5),
+                                _Rebinds(), torch.nn.Linear(8, 2)).to(device).train()
+    x = torch.randn(4, 6, device=device)
+    model(x).sum().backward()  # gradients an update would be accumulating into
+    grads = {n: (p.grad, p.grad.clone()) for n, p in model.named_parameters()}
+    buffers = {n: (b, b.clone()) for n, b in model.named_buffers()}
+    rng = torch.get_rng_state(), torch.cuda.get_rng_state() if device == "cuda" else None
+    with leaves_no_trace(model, device):
+        model(x).sum().backward()
+        assert all(p.grad is not None and p.grad is not grads[n][0] for n, p in model.named_parameters())
+        assert int(model[3].seen) == 2 and model[1].num_batches_tracked == 2  # the pass did move them
+    assert torch.equal(torch.get_rng_state(), rng[0])
+    if device == "cuda":
+        assert torch.equal(torch.cuda.get_rng_state(), rng[1])
+    for n, p in model.named_parameters():
+        assert p.grad is grads[n][0] and torch.equal(p.grad, grads[n][1]), n
+    for n, b in model.named_buffers():
+        assert b is buffers[n][0] and torch.equal(b, buffers[n][1]), n
