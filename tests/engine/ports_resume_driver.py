@@ -7,7 +7,9 @@ the slow suite), and each script's ``Accelerator()`` is made again in the same p
 
 ``python tests/engine/ports_resume_driver.py PLAN.json``: the plan is a list of cases, each
 ``{"script", "args", "stop", "every", "out"}``; each case writes ``<out>/full`` and ``<out>/killed``
-(each with the script's result.json and model.pt) for the test to compare.
+(each with the script's result.json and model.pt) for the test to compare. A case without ``stop``
+is one plain run of the script with ``args`` into ``--output_dir <out>`` (the other 2-process
+comparisons of tests/engine/test_ports.py share the launch).
 """
 from __future__ import annotations
 
@@ -63,7 +65,10 @@ def main(plan_file: str) -> int:
             if got != status:
                 raise RuntimeError(f"{script.name} {' '.join(argv)}: exit status {got}, expected {status}")
 
-        killed_and_resumed(launch, case["args"], case["stop"], case["every"], Path(case["out"]))
+        if "stop" in case:
+            killed_and_resumed(launch, case["args"], case["stop"], case["every"], Path(case["out"]))
+        else:
+            launch(*case["args"], "--output_dir", case["out"])
     return 0
 
 

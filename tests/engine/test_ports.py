@@ -122,24 +122,11 @@ def test_each_port_killed_after_save_state_mid_epoch_and_resumed_is_bitwise_unin
     _resumed_is_uninterrupted(tmp_path, name)
 
 
-@pytest.fixture(scope="module")
-def resumed_at_two_processes(tmp_path_factory) -> Path:
-    """Every script's three runs (uninterrupted, killed, resumed) at 2 gloo processes, in one torchrun
-    launch of ports_resume_driver.py: each rank runs them in its process, one after another (three
-    launches per script cost ~80-115 s each). ``<folder>/<name>/{full,killed}`` for each script."""
-    folder = tmp_path_factory.mktemp("resumed_at_two")
-    plan = [{"script": str(ported(PORTS / f"{name}.py", folder / "port")), "args": _case_args(name, 2),
-             "stop": RESUMES[name][1], "every": RESUMES[name][2], "out": str(folder / name)} for name in RESUMES]
-    (folder / "plan.json").write_text(json.dumps(plan))
-    run(DRIVER, str(folder / "plan.json"), nproc=2, timeout=600)
-    return folder
-
-
 @pytest.mark.slow  # one torchrun launch of two processes for all seven (the fixture's)
 @pytest.mark.parametrize("name", RESUMES)
-def test_each_port_resumed_at_two_processes_is_bitwise_uninterrupted(resumed_at_two_processes, name):
-    _resumed_is_uninterrupted(resumed_at_two_processes / name, name)
-    full, args = _outcome(resumed_at_two_processes / name / "full")[0], _case_args(name, 2)
+def test_each_port_resumed_at_two_processes_is_bitwise_uninterrupted(at_two_processes, name):
+    _resumed_is_uninterrupted(at_two_processes / name, name)
+    full, args = _outcome(at_two_processes / name / "full")[0], _case_args(name, 2)
     per_process = full["tried"][-1] if "tried" in full else int(args[args.index("--batch_size") + 1])
     assert len(_flat(full["orders"])[0]) == 2 * per_process  # a gathered batch: both processes' parts
 
@@ -161,14 +148,15 @@ def _global_order(orders: list[list[list[int]]]) -> list[list[list[int]]]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name, global_batch, n", [("nlp_example", 16, 128), ("checkpointing", 8, 96)])
-def test_two_processes_end_where_one_ends_and_metrics_agree_with_accelerate(tmp_path, name, global_batch, n):
+def test_two_processes_end_where_one_ends_and_metrics_agree_with_accelerate(tmp_path, at_two_processes, name,
+                                                                           global_batch, n):
     """mmvl at 2 processes (global batch split in two) = mmvl at 1 process within 1e-5 (fp32, dropout
     off); every epoch a new order, ranks disjoint; final accuracy within 0.1 of Accelerate's."""
     mmvl, out = ported(PORTS / f"{name}.py", tmp_path / "mmvl"), "--output_dir"
-    run(mmvl, "--batch_size", str(global_batch), out, str(tmp_path / "one"))
-    run(mmvl, "--batch_size", str(global_batch // 2), out, str(tmp_path / "two"), nproc=2)
+    in_process(mmvl, "--batch_size", str(global_batch), out, str(tmp_path / "one"))
     run(PORTS / f"{name}.py", "--batch_size", str(global_batch // 2), out, str(tmp_path / "acc"), nproc=2)
-    (one, one_model), (two, two_model), (acc, _) = (_outcome(tmp_path / k) for k in ("one", "two", "acc"))
+    (one, one_model), (acc, _) = (_outcome(tmp_path / k) for k in ("one", "acc"))
+    two, two_model = _outcome(at_two_processes / f"{name}-two")
     if name == "nlp_example":
         assert _global_order(two["orders"]) == one["orders"]  # the same sample order and global batches
         _orders_are_new_disjoint_permutations(two["orders"], n, 2)
@@ -216,12 +204,39 @@ def _models_agree(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], tol: f
         torch.testing.assert_close(b[key], value, atol=tol, rtol=0, msg=key)
 
 
-# each case starts two interpreters (mmvl's run and Accelerate's): slow; only the import-line check stays fast
+def in_process(script: Path, *args: str) -> None:
+    """``script`` (an mmvl port) run to its end at 1 process in this interpreter: no start per run."""
+    assert run_here(script, *args) == 0, f"{script.name} {' '.join(args)}"
+
+
+#: the plain mmvl runs at 2 processes that share the fixture's launch: (case, arguments)
+TWO_PROCESS_RUNS = {**{f"{name}-two": (name, ["--batch_size", str(batch // 2)])
+                       for name, batch, _ in (("nlp_example", 16, 128), ("checkpointing", 8, 96))},
+                    **{f"{name}-features": (name, [*_halved(FEATURES[name][0]), "--cpu"]) for name in FEATURES}}
+
+
+@pytest.fixture(scope="module")
+def at_two_processes(tmp_path_factory) -> Path:
+    """Every mmvl run at 2 gloo processes, in one torchrun launch of ports_resume_driver.py: each
+    rank runs them in its process, one after another (a launch per run cost ~15-60 s each): every
+    script's three resume runs (``<folder>/<name>/{full,killed}``) and the plain runs of
+    :data:`TWO_PROCESS_RUNS` (``<folder>/<key>``)."""
+    folder = tmp_path_factory.mktemp("at_two")
+    plan = [{"script": str(ported(PORTS / f"{name}.py", folder / "port")), "args": _case_args(name, 2),
+             "stop": RESUMES[name][1], "every": RESUMES[name][2], "out": str(folder / name)} for name in RESUMES]
+    plan += [{"script": str(ported(PORTS / f"{name}.py", folder / "port")), "args": args, "out": str(folder / key)}
+             for key, (name, args) in TWO_PROCESS_RUNS.items()]
+    (folder / "plan.json").write_text(json.dumps(plan))
+    run(DRIVER, str(folder / "plan.json"), nproc=2, timeout=900)
+    return folder
+
+
+# mmvl's run in this process, Accelerate's in its own interpreter: slow; only the import-line check stays fast
 @pytest.mark.slow
 @pytest.mark.parametrize("name", FEATURES)
 def test_one_process_in_dataset_order_ends_where_accelerate_ends(tmp_path, name):
     args = [*FEATURES[name][0], "--cpu", "--no_shuffle", "--output_dir"]
-    run(ported(PORTS / f"{name}.py", tmp_path / "port"), *args, str(tmp_path / "mmvl"))
+    in_process(ported(PORTS / f"{name}.py", tmp_path / "port"), *args, str(tmp_path / "mmvl"))
     run(PORTS / f"{name}.py", *args, str(tmp_path / "acc"))
     (mine, my_model), (acc, acc_model) = _outcome(tmp_path / "mmvl"), _outcome(tmp_path / "acc")
     _models_agree(acc_model, my_model, MMVL_VS_ACCELERATE)
@@ -238,15 +253,15 @@ def test_one_process_in_dataset_order_ends_where_accelerate_ends(tmp_path, name)
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", FEATURES)
-def test_feature_scripts_at_two_processes_end_where_one_ends(tmp_path, name):
+def test_feature_scripts_at_two_processes_end_where_one_ends(tmp_path, at_two_processes, name):
     """mmvl at 2 processes = mmvl at 1 over the same order and global batch (within TWO_VS_ONE); each
     epoch a new permutation, the ranks' parts disjoint; accuracy near Accelerate's at 2 processes."""
     args, n = FEATURES[name]
     mmvl, out = ported(PORTS / f"{name}.py", tmp_path / "port"), ["--cpu", "--output_dir"]
-    run(mmvl, *args, *out, str(tmp_path / "one"))
-    run(mmvl, *_halved(args), *out, str(tmp_path / "two"), nproc=2)
+    in_process(mmvl, *args, *out, str(tmp_path / "one"))
     run(PORTS / f"{name}.py", *_halved(args), *out, str(tmp_path / "acc"), nproc=2)
-    (one, one_model), (two, two_model), (acc, _) = (_outcome(tmp_path / k) for k in ("one", "two", "acc"))
+    (one, one_model), (acc, _) = (_outcome(tmp_path / k) for k in ("one", "acc"))
+    two, two_model = _outcome(at_two_processes / f"{name}-features")
     assert _global_order(two["orders"]) == one["orders"]
     complete = two["orders"][:-1] if name == "early_stopping" else two["orders"]
     assert len(complete) >= 2
