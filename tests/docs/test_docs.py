@@ -12,7 +12,9 @@ The convention (docs/README.md tells authors the same):
   the block makes (mmvl_run, mmvl_predict, torchrun workers, Python), so the page shows
   the real command and CI runs it small; a key the page sets itself still wins, except
   the options written ``!key=value``, which go after the page's;
-- ``slow``: only under ``pytest -m slow`` (it must not feed a block that is not slow);
+- ``slow``: only under ``pytest -m slow`` (it must not feed a block that is not slow); the slow pass
+  runs the ``slow`` blocks and the ``setup`` blocks (those that make what a slow block needs), not
+  the others, which the fast pass runs;
 - any other block (``bash``, ``yaml``, ...) is shown, not run.
 """
 from __future__ import annotations
@@ -61,8 +63,9 @@ class Block:
     words: list[str]
     body: str
 
-    def has(self, word: str) -> bool:
-        return word in self.words
+    def has(self, *words: str) -> bool:
+        """Whether the info string has any of ``words``."""
+        return any(word in self.words for word in words)
 
     def option(self, name: str) -> str | None:
         return next((w.split("=", 1)[1] for w in self.words if w.startswith(name + "=")), None)
@@ -126,7 +129,7 @@ def run_page(page: Path, work: Path, with_slow: bool) -> list[str]:
             for line in filter(str.strip, block.body.splitlines()):
                 assert _matches(line, last), f"{where}: {line!r} not in the output:\n{last[-3000:]}"
         elif block.has("run"):
-            if block.has("slow") and not with_slow:
+            if (not with_slow and block.has("slow")) or (with_slow and not block.has("slow", "setup")):
                 last = "skipped"
                 continue
             script = work / f"_block_{i}.{'py' if block.lang == 'python' else 'sh'}"
@@ -189,6 +192,11 @@ def test_harness_convention(tmp_path):
     assert outputs == [outputs[0]] and "log 3 updates 8 images 64" in outputs[0]
     with pytest.raises(AssertionError, match="exited with 1"):
         run_page(page, tmp_path / "b", with_slow=True)
+    # the slow pass runs the slow blocks and the setup blocks they need, not the fast pass's others
+    page.write_text("```bash run\ntouch fast\n```\n```bash run setup\ntouch setup\n```\n"
+                    "```bash run slow\ntest -f setup && test ! -f fast\n```\n")
+    run_page(page, tmp_path / "d", with_slow=True)
+    assert len(run_page(page, tmp_path / "e", with_slow=False)) == 2  # the fast pass: no slow block
     page.write_text("```bash run\necho hello\n```\n```text output\ngoodbye\n```\n")
     with pytest.raises(AssertionError, match="'goodbye' not in the output"):
         run_page(page, tmp_path / "c", with_slow=False)
