@@ -22,7 +22,7 @@ def epoch_ids(env: Any, root: str, pattern: str, vocab: str) -> dict[str, Any]:
         "processors": {"text_processor": {"params": {"tokenizer_path": vocab, "max_seq_length": 8}}}}}})
     b = DATASETS.get("image_text_shards")(cfg.dataset_config.image_text_shards, root)
     s = train_stream(b.build("train"), batch_size=3, collate_fn=b.collate, seed=5, rank=env.rank,
-                     world_size=env.world_size, num_workers=2)
+                     world_size=env.world_size, num_workers=2, persistent_workers=True)  # one start per rank
     epochs = []
     for _ in range(2):
         batches = [next(s)["id"].tolist() for _ in range(s._plan.per_rank)]
