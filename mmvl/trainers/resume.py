@@ -21,7 +21,11 @@ from omegaconf import OmegaConf
 
 from mmvl import io
 from mmvl.checkpoint import apply_state_mapping, canonical_key, load_checkpoint, load_model_state, schema
+from mmvl import registry
 from mmvl.checkpoint import sharded as sharded_dir
+from mmvl.config.components import component_yaml
+from mmvl.config.files import read_yaml
+from mmvl.config.load import config_root
 from mmvl.config.schema import reset_needed, resume_safe, stages
 from mmvl.engine import Engine
 from mmvl.errors import UserError
@@ -74,14 +78,17 @@ def _weight(key: str) -> tuple[int, str]:
 
 
 def _shipped_defaults() -> dict[str, Any]:
-    from mmvl.config.files import read_yaml
-    from mmvl.config.load import config_root
-
+    """defaults.yaml with every registered model's YAML (built-in or ``env.user_dir``'s, by its
+    ``config_path``): a key a model gained after the checkpoint was written, at its default there, is
+    what the old run did, not a change."""
     try:
-        tree = read_yaml(config_root() / "defaults.yaml", "Defaults file")
+        root = config_root()
+        tree = read_yaml(root / "defaults.yaml", "Defaults file")
         models = tree.setdefault("model_config", {})
-        for path in sorted((config_root() / "models").glob("*.yaml")):  # a model key added later (freeze)
-            models.update(read_yaml(path, "Model defaults file").get("model_config") or {})
+        for name in registry.MODELS.names():
+            path = component_yaml("model", name, root)
+            if path is not None:
+                models.update(read_yaml(path, "Model defaults file").get("model_config") or {})
         return tree
     except UserError:
         return {}

@@ -147,7 +147,8 @@ ROWS = [
         "holds a relation_network model and this run builds toy_mlp (key 'net.0.weight'", slow=True,
         prepare=lambda c: _forge_config(c, model="relation_network")),
     Row("resume into another model", lambda c: [],
-        "last.ckpt is from another config: model ('relation_network' -> 'toy_mlp') and 6 more (all in train.log)",
+        "last.ckpt is from another config: model ('relation_network' -> 'toy_mlp'), training.batch_size (3 -> 8) "
+        "and 1 more (all in train.log)",  # toy_mlp's keys, unset there, are at its YAML's defaults
         prepare=lambda c: _forge_config(c, model="relation_network", model_config={"relation_network": {}},
                                         training={"seed": 9, "batch_size": 3, "max_updates": 100})),
     Row("every checkpoint corrupt", lambda c: [], "no loadable checkpoint", prepare=_corrupt_all),
