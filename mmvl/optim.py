@@ -174,21 +174,24 @@ def implementation_default(factory: Any, device: torch.device | str | None,
     return {"foreach": True}
 
 
+def _optimizer_layers(optimizer: Any) -> list[Any]:
+    """``optimizer`` and, for a wrapper (ZeRO), the torch optimizer it holds as ``optim``."""
+    held = getattr(optimizer, "optim", None)
+    return [optimizer] + ([held] if isinstance(held, torch.optim.Optimizer) else [])
+
+
 def implementation_of(optimizer: Any) -> list[list[dict[str, Any]]]:
     """The implementation keys of every param group, of ``optimizer`` and of the optimizer a
     wrapper holds (ZeRO's ``optim``), to restore with :func:`restore_implementation`."""
-    layers = [optimizer] + ([optimizer.optim] if isinstance(getattr(optimizer, "optim", None),
-                                                            torch.optim.Optimizer) else [])
-    return [[{k: g[k] for k in IMPLEMENTATION_KEYS if k in g} for g in o.param_groups] for o in layers]
+    return [[{k: g[k] for k in IMPLEMENTATION_KEYS if k in g} for g in o.param_groups]
+            for o in _optimizer_layers(optimizer)]
 
 
 def restore_implementation(optimizer: Any, saved: list[list[dict[str, Any]]]) -> None:
     """After ``load_state_dict``: the groups keep the implementation they were built with. torch
     takes every group key from the checkpoint, so a state saved unfused (an older run, another
     device) would turn off a fused optimizer that GradScaler still hands the scale to, and fail."""
-    layers = [optimizer] + ([optimizer.optim] if isinstance(getattr(optimizer, "optim", None),
-                                                            torch.optim.Optimizer) else [])
-    for layer, groups in zip(layers, saved):
+    for layer, groups in zip(_optimizer_layers(optimizer), saved):
         for group, keys in zip(layer.param_groups, groups):
             group.update(keys)
 
