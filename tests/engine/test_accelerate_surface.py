@@ -154,6 +154,8 @@ def test_register_for_checkpointing_and_state_folders(tmp_path):
         engine.load_state(tmp_path / "missing")
 
 
+# ~14 s of retried batches: with the slow tests (fast-suite margin)
+@pytest.mark.slow
 def test_find_executable_batch_size_shrinks_by_accelerates_rule_after_out_of_memory():
     tried = []
 

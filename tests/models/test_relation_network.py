@@ -179,6 +179,8 @@ def relational_losses(steps: int, tmp_path) -> tuple[float, float]:
     return model_loss, prior_loss
 
 
+# trains for ~25 s on 2 cores: with the slow tests (the fast suite ran 519-603 s of its 600)
+@pytest.mark.slow
 def test_relational_loss_falls_below_the_priors(tmp_path):
     model_loss, prior_loss = relational_losses(1200, tmp_path)
     assert model_loss < prior_loss - 0.05, (model_loss, prior_loss)
