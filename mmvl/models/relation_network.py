@@ -12,9 +12,12 @@ Options beyond the paper (all off by default): an MLP over each object before th
 encoder over each region's pixel crop (``crop_encoder``); the question's attention over the
 objects weighting each pair by its first object (``question_attention``); the pair's geometry
 (both positions, their offset and distance) added to g's first layer (``pair_geometry``); a
-bag-of-words question vector instead of the LSTM (``question_encoder.type: bag_of_words``).
-The Sort-of-CLEVR demo uses the last three over object regions; the README's model zoo
-shows what each one changed.
+bag-of-words question vector instead of the LSTM (``question_encoder.type: bag_of_words``);
+the attended object pooled into every pair's first (``pooled_first``: N pairs, not N^2); the
+FiLM on the attention's keys only (``film_keys_only``).
+The Sort-of-CLEVR demo uses the question attention, pair geometry and bag-of-words over object
+regions, ``pixels.yaml`` adds the FiLM and the last two over CNN cells; the README's model zoo shows what
+each one changed.
 
 With ``feature_dim`` set the objects are region features with their boxes instead
 (``batch["features"]``, ``boxes``, ``feature_mask``; padded regions join no pair): the
@@ -104,8 +107,13 @@ class RelationNetwork(BaseModel):
             self.question_lstm = nn.LSTM(word_dim, question_dim, batch_first=True)
             with torch.no_grad():  # gates i, f, g, o: a forget bias keeps early words (the colour) in the last state
                 self.question_lstm.bias_ih_l0[question_dim:2 * question_dim] += float(q.get("forget_bias", 0.0))
+        film, keys_only = cfg.get("object_encoder_film", False), cfg.get("film_keys_only", False)
+        if not isinstance(keys_only, bool) or (keys_only and not (film and cfg.get("question_attention"))):
+            raise UserError(f"relation_network: film_keys_only={keys_only!r}; use true (with object_encoder_film "
+                            "and question_attention) or false.")
+        self.film_keys_only = keys_only
         self.object_encoder = ObjectEncoder(object_dim, [int(w) for w in cfg.get("object_encoder_sizes") or []],
-                                            cond_dim if cfg.get("object_encoder_film") else None)
+                                            cond_dim if film else None)
         object_dim = self.object_encoder.out_dim
         self.attention: nn.ModuleDict | None = None
         if cfg.get("question_attention"):  # bilinear question-object scores (see forward)
@@ -117,9 +125,12 @@ class RelationNetwork(BaseModel):
         geometry = cfg.get("pair_geometry", False)
         if not isinstance(geometry, bool):
             raise UserError(f"relation_network: pair_geometry={geometry!r}; use true or false.")
+        pooled = cfg.get("pooled_first", False)
+        if not isinstance(pooled, bool) or (pooled and self.attention is None):
+            raise UserError(f"relation_network: pooled_first={pooled!r}; use true (with question_attention) or false.")
         self.relation = PairwiseRelation(object_dim, question_dim,
                                          [int(w) for w in cfg.get("g_hidden_sizes") or [256, 256, 256, 256]],
-                                         str(cfg.get("pair_reduction") or "sum"), geometry)
+                                         str(cfg.get("pair_reduction") or "sum"), geometry, pooled)
         f_sizes = [int(w) for w in cfg.get("f_hidden_sizes") or [256, 256]]
         layers = []
         prev = self.relation.out_dim
@@ -195,13 +206,16 @@ class RelationNetwork(BaseModel):
         raw = self.objects(batch, question)
         positions = object_positions(raw, bool(self.feature_dim)) if self.relation.geometry is not None else None
         objects = self.object_encoder(raw, question if cond is None else cond)
+        keyed = objects
+        if self.film_keys_only:  # FiLM-ed objects are the attention's keys; the pairs see the objects
+            objects = self.object_encoder(raw, None)  # unconditioned (a FiLM marking the named one erased the rest)
         mask = batch.get("feature_mask") if self.feature_dim else None
         first = None
         if self.attention is not None:  # softmax over the real objects of query(q) . key(o_i)
             # Not divided by sqrt(width): with that temperature the softmax starts near uniform, every
             # object is every pair's first, and finding the named object (which every question type
             # needs) came 1,000-2,000 updates later on Sort-of-CLEVR regions, at a seed-dependent update.
-            query, keys = self.attention["query"](cond.to(objects.dtype)), self.attention["key"](objects)
+            query, keys = self.attention["query"](cond.to(objects.dtype)), self.attention["key"](keyed)
             scores = (keys @ query.unsqueeze(-1)).squeeze(-1)
             if mask is not None:
                 scores = scores.masked_fill(mask == 0, torch.finfo(scores.dtype).min)

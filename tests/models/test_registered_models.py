@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.fixtures.tiny_models import SHIPPED, TINY, build_tiny
+from tests.fixtures.tiny_models import CASES, SHIPPED, TINY, build_tiny
 from mmvl.losses import compute_losses
 
 STEPS = 20
@@ -24,9 +24,9 @@ def _loss(model, losses, batch) -> torch.Tensor:
     return sum(values.values())
 
 
-@pytest.mark.parametrize("name", SHIPPED)
-def test_registered_model_forward_backward_and_learns(name, tiny_data_dir, tmp_path):
-    config, model, losses, optimizer, batch = build_tiny(name, tiny_data_dir, tmp_path)
+@pytest.mark.parametrize("name, variant", CASES)
+def test_registered_model_forward_backward_and_learns(name, variant, tiny_data_dir, tmp_path):
+    config, model, losses, optimizer, batch = build_tiny(name, tiny_data_dir, tmp_path, variant)
     model.train()
     loss = _loss(model, losses, batch)
     assert loss.dim() == 0 and torch.isfinite(loss)

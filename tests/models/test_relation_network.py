@@ -250,3 +250,59 @@ def test_bag_of_words_question_is_a_linear_map_of_word_counts():
     torch.testing.assert_close(model(reordered)["scores"], model(b)["scores"])  # word order is lost, by design
     with pytest.raises(UserError, match="question_encoder.type"):
         tiny(question_encoder={"type": "gru"})
+
+
+def test_pooled_first_equals_the_weighted_pairs_when_the_attention_is_one_hot():
+    torch.manual_seed(0)
+    pairs = PairwiseRelation(6, 4, [8, 5], geometry=True)
+    pooled = PairwiseRelation(6, 4, [8, 5], geometry=True, pooled_first=True)
+    pooled.load_state_dict(pairs.state_dict())
+    objects, question, positions = torch.randn(2, 5, 6), torch.randn(2, 4), torch.rand(2, 5, 2) * 2 - 1
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
+    one_hot = nn.functional.one_hot(torch.tensor([3, 1]), 5).float()
+    torch.testing.assert_close(pooled(objects, question, mask, one_hot, positions),
+                               pairs(objects, question, mask, one_hot, positions))
+    soft = torch.tensor([[0.5, 0.5, 0.0, 0.0, 0.0], [0.2, 0.8, 0.0, 0.0, 0.0]])
+    assert not torch.allclose(pooled(objects, question, mask, soft, positions),
+                              pairs(objects, question, mask, soft, positions))  # pooled before g, not after
+    padded = dict(objects=objects.clone(), positions=positions.clone())
+    padded["objects"][1, 3:] = 100.0  # padding joins no pair
+    torch.testing.assert_close(pooled(padded["objects"], question, mask, one_hot, positions),
+                               pooled(objects, question, mask, one_hot, positions))
+
+
+def test_pooled_first_is_an_option_of_the_model():
+    for kwargs in ({"feature_dim": 7}, {}):  # regions and feature-map cells
+        model = tiny(question_attention=True, pooled_first=True, pair_geometry=True, **kwargs).eval()
+        assert model.relation.pooled_first
+        b = region_batch() if kwargs else batch()
+        scores = model(b)["scores"]
+        assert scores.shape == (3, 5) and torch.isfinite(scores).all()
+    b = region_batch()
+    model = tiny(feature_dim=7, question_attention=True, pooled_first=True).eval()
+    shuffled = dict(b, features=b["features"].flip(1), boxes=b["boxes"].flip(1))
+    torch.testing.assert_close(model(shuffled)["scores"], model(b)["scores"], rtol=1e-4, atol=1e-5)  # a set
+    for bad in ({"pooled_first": True}, {"pooled_first": "yes", "question_attention": True}):
+        with pytest.raises(UserError, match="pooled_first"):
+            tiny(**bad)
+
+
+def test_film_on_the_attention_keys_leaves_the_pairs_unconditioned():
+    model = tiny(object_encoder_sizes=[9], object_encoder_film=True, film_keys_only=True, question_attention=True).eval()
+    with torch.no_grad():  # FiLM starts as the identity; give it a real effect
+        for film in model.object_encoder.films:
+            film.weight.normal_()
+    seen = {}
+    model.relation.register_forward_hook(lambda module, args, out: seen.update(objects=args[0]))
+    model.attention["key"].register_forward_hook(lambda module, args, out: seen.update(keys=args[0]))
+    b = batch()
+    model(b)
+    raw = model.objects(b)
+    cond = model.condition(b, model.encode_question(b))
+    torch.testing.assert_close(seen["objects"], model.object_encoder(raw, None))  # the pairs: no FiLM
+    torch.testing.assert_close(seen["keys"], model.object_encoder(raw, cond))  # the attention: FiLM-ed
+    assert not torch.allclose(seen["keys"], seen["objects"])
+    for bad in ({"film_keys_only": True, "question_attention": True}, {"film_keys_only": True, "object_encoder_film": True},
+                {"film_keys_only": "yes", "object_encoder_film": True, "question_attention": True}):
+        with pytest.raises(UserError, match="film_keys_only"):
+            tiny(object_encoder_sizes=[9], **bad)

@@ -26,12 +26,17 @@ def pair_geometry(positions: torch.Tensor) -> torch.Tensor:
     comparison of one input across pairs, not a distance g must first learn to compute from
     two coordinates it sees only after an object encoder has mixed them with appearance.
     """
-    n = positions.shape[1]
-    first = positions.unsqueeze(2).expand(-1, -1, n, -1)
-    second = positions.unsqueeze(1).expand(-1, n, -1, -1)
-    offset = first - second
+    return geometry_between(positions, positions)
+
+
+def geometry_between(first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
+    """``B x N x 2`` and ``B x M x 2`` -> ``B x N x M x 7``: every (first, second) pair's geometry."""
+    n, m = first.shape[1], second.shape[1]
+    a = first.unsqueeze(2).expand(-1, -1, m, -1)
+    b = second.unsqueeze(1).expand(-1, n, -1, -1)
+    offset = a - b
     distance = offset.pow(2).sum(-1, keepdim=True).clamp(min=1e-12).sqrt()
-    return torch.cat([first, second, offset, distance], dim=-1)
+    return torch.cat([a, b, offset, distance], dim=-1)
 
 
 def object_positions(objects: torch.Tensor, regions: bool) -> torch.Tensor:
@@ -61,7 +66,7 @@ class PairwiseRelation(nn.Module):
     """
 
     def __init__(self, object_dim: int, question_dim: int, hidden_sizes: list[int], reduction: str = "sum",
-                 geometry: bool = False):
+                 geometry: bool = False, pooled_first: bool = False):
         super().__init__()
         if not hidden_sizes:
             raise UserError("relation_network: g_hidden_sizes is empty; give at least one layer width.")
@@ -79,6 +84,7 @@ class PairwiseRelation(nn.Module):
         self.rest = nn.Sequential(*layers)
         self.out_dim = hidden_sizes[-1]
         self.checkpointing = False
+        self.pooled_first = pooled_first
 
     def forward(self, objects: torch.Tensor, question: torch.Tensor, mask: torch.Tensor | None = None,
                 first: torch.Tensor | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:
@@ -96,6 +102,8 @@ class PairwiseRelation(nn.Module):
 
     def _relate(self, objects: torch.Tensor, question: torch.Tensor, mask: torch.Tensor | None,
                 first: torch.Tensor | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:
+        if self.pooled_first and first is not None:
+            return self._relate_pooled(objects, question, mask, first, positions)
         pairs = (self.left(objects).unsqueeze(2) + self.right(objects).unsqueeze(1)
                  + self.question(question)[:, None, None, :])  # B x N x N x H
         if self.geometry is not None:
@@ -109,6 +117,28 @@ class PairwiseRelation(nn.Module):
         weights = (m.unsqueeze(2) * m.unsqueeze(1)).unsqueeze(-1)  # a pair counts if both objects are real
         total = (out * weights).sum(dim=(1, 2))
         return total if self.reduction == "sum" else total / weights.sum(dim=(1, 2)).clamp(min=1)
+
+    def _relate_pooled(self, objects: torch.Tensor, question: torch.Tensor, mask: torch.Tensor | None,
+                       first: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
+        """``sum_j g(sum_i first_i o_i, o_j, q)``: the attended object is every pair's first.
+
+        g's first layer is linear, so its object-i block of the pooled object equals the attention-
+        weighted sum of the per-pair blocks; with a one-hot attention the whole sum equals
+        :meth:`_relate`'s. N pairs per question instead of N^2. The geometry is the pooled
+        position's (the attention-weighted mean) against each object's.
+        """
+        weights = first.to(objects.dtype)
+        pooled = (weights.unsqueeze(-1) * objects).sum(1)  # B x D
+        rows = (self.left(pooled).unsqueeze(1) + self.right(objects)
+                + self.question(question).unsqueeze(1))  # B x N x H
+        if self.geometry is not None:
+            pos = positions.to(rows.dtype)
+            centre = (weights.unsqueeze(-1) * pos).sum(1, keepdim=True)  # B x 1 x 2
+            rows = rows + self.geometry(geometry_between(centre, pos).squeeze(1))
+        out = self.rest(torch.relu(rows))
+        if mask is not None:
+            out = out * mask.to(out.dtype).unsqueeze(-1)
+        return out.sum(1)
 
 
 class ObjectEncoder(nn.Module):
@@ -135,11 +165,12 @@ class ObjectEncoder(nn.Module):
             in_dim = width
         self.out_dim = in_dim
 
-    def forward(self, objects: torch.Tensor, question: torch.Tensor) -> torch.Tensor:
+    def forward(self, objects: torch.Tensor, question: torch.Tensor | None) -> torch.Tensor:
+        """``question`` None: the layers without their FiLM (the objects as the question does not see them)."""
         h = objects
         for i, layer in enumerate(self.layers):
             h = layer(h)
-            if len(self.films):
+            if len(self.films) and question is not None:
                 gamma, beta = self.films[i](question.to(h.dtype)).unsqueeze(1).chunk(2, dim=-1)
                 h = h * (1 + gamma) + beta
             h = torch.relu(h)
