@@ -16,8 +16,8 @@ bag-of-words question vector instead of the LSTM (``question_encoder.type: bag_o
 the attended object pooled into every pair's first (``pooled_first``: N pairs, not N^2); the
 FiLM on the attention's keys only (``film_keys_only``).
 The Sort-of-CLEVR demo uses the question attention, pair geometry and bag-of-words over object
-regions, ``pixels.yaml`` adds the FiLM and the last two over CNN cells; the README's model zoo shows what
-each one changed.
+regions; ``pixels.yaml`` adds the FiLM and the last two over CNN cells. The README's model
+zoo shows what each one changed.
 
 With ``feature_dim`` set the objects are region features with their boxes instead
 (``batch["features"]``, ``boxes``, ``feature_mask``; padded regions join no pair): the

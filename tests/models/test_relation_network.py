@@ -288,7 +288,8 @@ def test_pooled_first_is_an_option_of_the_model():
 
 
 def test_film_on_the_attention_keys_leaves_the_pairs_unconditioned():
-    model = tiny(object_encoder_sizes=[9], object_encoder_film=True, film_keys_only=True, question_attention=True).eval()
+    model = tiny(object_encoder_sizes=[9], object_encoder_film=True, film_keys_only=True,
+                 question_attention=True).eval()
     with torch.no_grad():  # FiLM starts as the identity; give it a real effect
         for film in model.object_encoder.films:
             film.weight.normal_()
@@ -302,7 +303,8 @@ def test_film_on_the_attention_keys_leaves_the_pairs_unconditioned():
     torch.testing.assert_close(seen["objects"], model.object_encoder(raw, None))  # the pairs: no FiLM
     torch.testing.assert_close(seen["keys"], model.object_encoder(raw, cond))  # the attention: FiLM-ed
     assert not torch.allclose(seen["keys"], seen["objects"])
-    for bad in ({"film_keys_only": True, "question_attention": True}, {"film_keys_only": True, "object_encoder_film": True},
+    for bad in ({"film_keys_only": True, "question_attention": True},
+                {"film_keys_only": True, "object_encoder_film": True},
                 {"film_keys_only": "yes", "object_encoder_film": True, "question_attention": True}):
         with pytest.raises(UserError, match="film_keys_only"):
             tiny(object_encoder_sizes=[9], **bad)
