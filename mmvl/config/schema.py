@@ -69,6 +69,11 @@ class Profiler:
 
 
 @dataclasses.dataclass
+class Ema:
+    decay: float = knob(0.0, safe=True)
+
+
+@dataclasses.dataclass
 class Training:
     trainer: str = knob("mmvl", registry="trainer")
     seed: int = knob(1)
@@ -90,7 +95,8 @@ class Training:
     clip_grad_norm: Optional[float] = knob(None)
     gradient_checkpointing: bool = knob(False)
     early_stop: EarlyStop = sub(EarlyStop, safe=True)
-    builtin_callbacks: list = knob(["profiler", "logging", "trackers", "curves", "evaluation", "early_stop",
+    ema: Ema = sub(Ema, safe=True)
+    builtin_callbacks: list = knob(["profiler", "logging", "trackers", "curves", "ema", "evaluation", "early_stop",
                                     "checkpoint", "preemption"], safe=True)
     callbacks: list = knob([], safe=True)
     exit_on_nan: bool = knob(True, safe=True)

@@ -57,7 +57,10 @@ def evaluate(trainer: Any, split: str) -> dict[str, dict[str, float]]:
     prepare_split(trainer.builders, split, trainer.engine.is_main_process)
     trainer.model.eval()
     try:
-        return {name: _evaluate_dataset(trainer, name, builder, split) for name, builder in trainer.builders.items()}
+        with contextlib.ExitStack() as weights:  # e.g. the EMA weights in place of the live ones
+            for callback in getattr(trainer, "callbacks", ()):
+                weights.enter_context(callback.evaluating(split))
+            return {name: _evaluate_dataset(trainer, name, builder, split) for name, builder in trainer.builders.items()}
     finally:
         trainer.model.train()
 
