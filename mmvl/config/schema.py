@@ -131,6 +131,9 @@ class Optimizer:
     type: str = knob("adam_w", registry="optimizer")
     params: dict = knob({"lr": 5.0e-05, "eps": 1.0e-08, "weight_decay": 0.01})
     lr_scaling: Optional[str] = knob("none", choices=("none", *LR_SCALINGS, None))
+    no_weight_decay: list = knob(["logit_scale", "logit_bias"])
+    param_groups: list = knob([])
+    layer_decay: float = knob(1.0)
     enable_state_sharding: bool = knob(False)
 
 
