@@ -43,3 +43,20 @@ def test_run_evaluates_through_the_encoders(tmp_path):
         with torch.no_grad():
             expected.update(metric(batch, {}))
     assert got == pytest.approx(expected, abs=1e-6)
+
+
+def _ddp_evaluate(env, root):
+    register()
+    trainer = Trainer(load_config(opts(root, "distributed.strategy=ddp", "run_type=val")), env=env)
+    return trainer.evaluate("val")["pairs"]
+
+
+@pytest.mark.proc
+def test_two_ranks_under_ddp_equal_one_process(tmp_path):
+    """21 samples over 2 ranks (one padded duplicate dropped), images shared across ranks: the same numbers."""
+    from tests.distributed.dist_launch import launch
+
+    register()
+    single = Trainer(load_config(opts(tmp_path / "one", "run_type=val"))).evaluate("val")["pairs"]
+    for result in launch(_ddp_evaluate, world_size=2, args=(str(tmp_path / "two"),), timeout=200):
+        assert result == pytest.approx(single, abs=1e-6)
