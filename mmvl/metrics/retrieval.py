@@ -30,6 +30,9 @@ class RecallAtK(Metric):
     whether it has one, and the ``max(k) + 1`` highest scores any caption gave
     it: an image's best caption ranks in the top k exactly when at most k of
     those are at least its best own score.
+
+    A two-tower model's embeddings are ranked by the ``retrieval`` metric
+    (:mod:`mmvl.metrics.two_tower`) with the same rule, through :func:`gallery_ranks`.
     """
 
     name = "recall@k"

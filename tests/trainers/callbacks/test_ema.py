@@ -125,3 +125,14 @@ def test_ddp_averages_the_unwrapped_module(tmp_path):
     assert set(ema) == set(reference)  # no "module." prefix
     for k, v in reference.items():
         torch.testing.assert_close(ema[k], v, atol=1e-5, rtol=0)
+
+
+def test_ema_updates_do_not_sync(tmp_path):
+    """The EMA's lerp after each update reads nothing back and copies nothing to the device
+    (counted as tests/trainers/test_sync_free.py counts the step's)."""
+    from tests.trainers.test_sync_free import COMMON, _check, _per_update_syncs
+
+    register()
+    trainer = Trainer(load_config(toy_opts(tmp_path, EMA, *COMMON)))
+    assert any(type(c).__name__ == "EmaCallback" for c in trainer.callbacks)
+    _check(_per_update_syncs(trainer))
