@@ -51,6 +51,7 @@ def _ddp_evaluate(env, root):
     return trainer.evaluate("val")["pairs"]
 
 
+@pytest.mark.slow  # ~16 s: two ranks start, build a run and train or evaluate it
 @pytest.mark.proc
 def test_two_ranks_under_ddp_equal_one_process(tmp_path):
     """21 samples over 2 ranks (one padded duplicate dropped), images shared across ranks: the same numbers."""

@@ -116,6 +116,7 @@ def _ddp(env, root):
     return {"ema": _ema(f"{root}/save/checkpoints/last.ckpt") if env.rank == 0 else None}
 
 
+@pytest.mark.slow  # ~16 s: two ranks start, build a run and train or evaluate it
 @pytest.mark.proc
 def test_ddp_averages_the_unwrapped_module(tmp_path):
     single = _fit(tmp_path / "single", EMA, "run_type=train")
