@@ -41,7 +41,7 @@ def read_weights(path: str, where: str) -> dict[str, torch.Tensor]:
 
 @register_image_encoder("timm")
 class TimmEncoder(nn.Module):
-    """``timm.create_model(model_name, pretrained=False, num_classes=0, global_pool=..., **kwargs)``.
+    """``timm.create_model(model_name, pretrained=False, num_classes=0, **kwargs)``, pooled by ``global_pool``.
 
     ``kwargs`` go to timm unchanged (e.g. ``img_size: 64``, ``depth: 2`` for a small ViT).
     ``pretrained_path``: a local state dict for the backbone; classifier weights in it are
@@ -57,10 +57,9 @@ class TimmEncoder(nn.Module):
         if not timm.is_model(model_name):
             raise UserError(f"timm image encoder: unknown model_name {model_name!r}; see timm.list_models() "
                             "(e.g. vit_tiny_patch16_224, resnet18, convnext_atto).")
-        extra = dict(kwargs or {})
-        if global_pool is not None:
-            extra["global_pool"] = global_pool
-        self.model = timm.create_model(model_name, pretrained=False, num_classes=0, **extra)
+        self.model = timm.create_model(model_name, pretrained=False, num_classes=0, **dict(kwargs or {}))
+        if global_pool is not None:  # after building: the layers (and a checkpoint's keys) stay the model's own
+            self.model.reset_classifier(0, global_pool=global_pool)
         self.model_name = model_name
         self.out_dim = int(self.model.num_features)
         if pretrained_path:
@@ -69,11 +68,12 @@ class TimmEncoder(nn.Module):
     def load_weights(self, state: dict[str, torch.Tensor], source: str) -> None:
         own = self.model.state_dict()
         head = {k for k in state if k not in own and k.split(".")[0] in ("head", "fc", "classifier")}
-        missing, unexpected = self.model.load_state_dict({k: v for k, v in state.items() if k not in head},
-                                                         strict=False)
-        if missing or unexpected:
+        wrong = [k for k, v in state.items() if k in own and tuple(v.shape) != tuple(own[k].shape)]
+        missing, unexpected = [k for k in own if k not in state], [k for k in state if k not in own and k not in head]
+        if missing or unexpected or wrong:
             raise UserError(f"timm image encoder: {source!r} does not fit {self.model_name} (missing "
-                            f"{list(missing)[:3]}, unexpected {list(unexpected)[:3]}); check model_name and kwargs.")
+                            f"{missing[:3]}, unexpected {unexpected[:3]}, other shapes {wrong[:3]}); check model_name and kwargs.")
+        self.model.load_state_dict({k: v for k, v in state.items() if k not in head}, strict=True)
 
     def enable_gradient_checkpointing(self) -> None:
         self.model.set_grad_checkpointing(True)
