@@ -154,9 +154,30 @@ class ContrastiveLoss(Loss):
     def _features(self, output: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         missing = [k for k in (*self.feature_keys, "logit_scale") if k not in output]
         if missing:
+            if "scores" in output and len(output) == 1:
+                raise _ScoresOnly()
             raise UserError(f"loss {self.name!r} needs output keys {missing} but the model returned "
                             f"{sorted(output)}; use a two-tower model such as 'clip'.")
         return output["image_features"], output["text_features"], output["logit_scale"]
+
+    def __call__(self, batch: Mapping[str, Any], output: Mapping[str, Any]) -> torch.Tensor:
+        """The loss of the batch; given only ``scores`` (an evaluation batch's [texts x images] logits,
+        scale and bias applied), the loss of this rank's batch alone, with no collective."""
+        try:
+            return self.global_loss(*self._features(output), output)
+        except _ScoresOnly:
+            return self.batch_loss(output["scores"].float())
+
+    def global_loss(self, image: torch.Tensor, text: torch.Tensor, scale: torch.Tensor,
+                    output: Mapping[str, Any]) -> torch.Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def batch_loss(self, scores: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+class _ScoresOnly(Exception):
+    """The output holds only scores (the evaluation loop's view): take the in-batch loss."""
 
 
 @register_loss("clip")
@@ -175,8 +196,12 @@ class ClipLoss(ContrastiveLoss):
         super().__init__(cache_features)
         self.local_loss = bool(local_loss)
 
-    def __call__(self, batch: Mapping[str, Any], output: Mapping[str, Any]) -> torch.Tensor:
-        image, text, scale = self._features(output)
+    def batch_loss(self, scores: torch.Tensor) -> torch.Tensor:
+        labels = torch.arange(scores.shape[0], device=scores.device)
+        return (F.cross_entropy(scores, labels) + F.cross_entropy(scores.T, labels)) / 2
+
+    def global_loss(self, image: torch.Tensor, text: torch.Tensor, scale: torch.Tensor,
+                    output: Mapping[str, Any]) -> torch.Tensor:
         all_image, all_text = gather_with_grad(image), gather_with_grad(text)
         if self.local_loss:
             per_image, per_text = scale * image @ all_text.T, scale * text @ all_image.T
@@ -209,8 +234,12 @@ class SigLipLoss(ContrastiveLoss):
             signs = signs + 2 * torch.eye(logits.shape[0], device=logits.device, dtype=logits.dtype)
         return -F.logsigmoid(signs * logits).sum() / image.shape[0]
 
-    def __call__(self, batch: Mapping[str, Any], output: Mapping[str, Any]) -> torch.Tensor:
-        image, text, scale = self._features(output)
+    def batch_loss(self, scores: torch.Tensor) -> torch.Tensor:
+        signs = 2 * torch.eye(scores.shape[0], device=scores.device, dtype=scores.dtype) - 1
+        return -F.logsigmoid(signs * scores).sum() / scores.shape[0]
+
+    def global_loss(self, image: torch.Tensor, text: torch.Tensor, scale: torch.Tensor,
+                    output: Mapping[str, Any]) -> torch.Tensor:
         if output.get("logit_bias") is None:
             raise UserError("loss 'siglip' needs output['logit_bias']; set the model's logit_bias "
                             "(e.g. model_config.clip.logit_bias: -10.0) or use loss 'clip'.")
