@@ -64,3 +64,36 @@ def test_caching_off_with_accumulation_is_refused_and_mixing_losses_too():
         uses_cached_contrast(build_losses([{"type": "clip", "params": {"cache_features": False}}]), 2)
     with pytest.raises(UserError, match="cross_entropy"):
         uses_cached_contrast(build_losses(["siglip", "cross_entropy"]), 2)
+
+
+class _UpdateWide:
+    """A loss that sees the whole update's micro-batches before any forward (e.g. to count tokens)."""
+
+    calls: list[tuple[int, list[int]]] = []
+
+    def __init__(self):
+        self.seen = None
+
+    def begin_update(self, batches):
+        self.seen = [len(b["targets"]) for b in batches]
+
+    def __call__(self, batch, output):
+        _UpdateWide.calls.append((len(batch["targets"]), self.seen))
+        return torch.nn.functional.cross_entropy(output["scores"], batch["targets"])
+
+
+def test_every_loss_with_begin_update_sees_the_updates_micro_batches_first(tmp_path):
+    from mmvl.config import load_config
+    from mmvl.registry import LOSSES, register_loss
+    from mmvl.trainers import Trainer
+    from tests.fixtures.toy import register, toy_opts
+
+    register()
+    if "update_wide_probe" not in LOSSES.names():
+        register_loss("update_wide_probe")(_UpdateWide)
+    _UpdateWide.calls.clear()
+    trainer = Trainer(load_config(toy_opts(tmp_path, "training.gradient_accumulation=2", "training.max_updates=2",
+                                           "model_config.toy_mlp.losses=[update_wide_probe]")))
+    trainer.fit()
+    # 2 updates of 2 micro-batches of 8: each loss call knew both of its update's batches (evaluation follows)
+    assert _UpdateWide.calls[:4] == [(8, [8, 8])] * 4
