@@ -11,7 +11,8 @@ weights on the same synthetic batches with AdamW. mmvl's step is ``Trainer.train
 ``open_clip_train.train.train_one_epoch`` with its ``ClipLoss`` over the same batches. The two run
 alternately for ``--rounds`` rounds (each round starting with the other), each timing ``--steps``
 updates after one untimed update; ``time ratio mmvl/open_clip`` is the median over the rounds of
-the two times' ratio (target: at most 1.05), robust to a busy machine slowing a whole round. Peak memory is the device's (CUDA); on a CPU it is not measured and printed as n/a.
+the two times' ratio (target: at most 1.05), robust to a busy machine slowing a whole round.
+Peak memory is the device's (CUDA); on a CPU it is not measured and printed as n/a.
 
 The loss memory part runs 2 gloo ranks of ``--loss-batch``/2 rows each (global ``--loss-batch``):
 the bytes the loss saves for backward (its logits, log-softmax, gathered features), summed by

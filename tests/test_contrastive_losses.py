@@ -33,7 +33,8 @@ def test_every_contrastive_loss_prefers_matched_pairs_and_names_missing_keys(nam
     with pytest.raises(UserError, match=name):
         loss({}, {"logits": torch.zeros(2, 2)})
     # the evaluation loop's view (scores only): the same value from the [texts x images] logits
-    scores = out["logit_scale"] * out["text_features"] @ out["image_features"].T + out["logit_bias"] * (name == "siglip")
+    scores = out["logit_scale"] * out["text_features"] @ out["image_features"].T
+    scores = scores + out["logit_bias"] * (name == "siglip")
     torch.testing.assert_close(loss({}, {"scores": scores}), low, rtol=0, atol=1e-6)
 
 

@@ -154,7 +154,7 @@ LOSS_CASES = {
 
 
 @pytest.mark.parametrize("name", [n for n in LOSSES.names() if LOSSES.get(n).__module__.startswith("mmvl.")
-                                  and not issubclass(LOSSES.get(n), ContrastiveLoss)])  # tests/test_contrastive_losses.py
+                                  and not issubclass(LOSSES.get(n), ContrastiveLoss)])  # those: test_contrastive_losses
 def test_every_registered_loss(name):
     assert name in LOSS_CASES, f"loss {name!r} is registered but has no case in tests/test_losses.py LOSS_CASES"
     params, targets, good, bad = LOSS_CASES[name]

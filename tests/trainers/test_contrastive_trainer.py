@@ -28,7 +28,7 @@ def _trainer(data, save, *opts) -> Trainer:
                                 "dataset_config.image_text_shards.shuffle_buffer=1", "training.max_updates=2",
                                 "training.log_interval=1", "training.evaluation_interval=100",
                                 "training.checkpoint_interval=100", "scheduler.type=null",
-                                # SGD: Adam would scale float noise in zero gradients (attention key biases) to full steps
+                                # SGD: Adam scales float noise in zero gradients (attention key biases) to full steps
                                 "optimizer.type=sgd", "optimizer.params={lr: 0.1}", *opts]))
 
 

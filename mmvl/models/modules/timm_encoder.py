@@ -72,7 +72,8 @@ class TimmEncoder(nn.Module):
         missing, unexpected = [k for k in own if k not in state], [k for k in state if k not in own and k not in head]
         if missing or unexpected or wrong:
             raise UserError(f"timm image encoder: {source!r} does not fit {self.model_name} (missing "
-                            f"{missing[:3]}, unexpected {unexpected[:3]}, other shapes {wrong[:3]}); check model_name and kwargs.")
+                            f"{missing[:3]}, unexpected {unexpected[:3]}, other shapes {wrong[:3]}); check "
+                            "model_name and kwargs.")
         self.model.load_state_dict({k: v for k, v in state.items() if k not in head}, strict=True)
 
     def enable_gradient_checkpointing(self) -> None:
