@@ -88,6 +88,14 @@ class Clip(BaseModel):
         out["scores"] = scores  # [texts, images]: row i's own image is column i
         return out
 
+    def shard_units(self) -> list[nn.Module]:
+        """The towers' transformer blocks (FSDP shards each on its own): the text transformer's (or BERT's)
+        layers, and a timm backbone's ``blocks`` when it has them (ViTs)."""
+        text = self.text_encoder
+        units = list(text.transformer.resblocks) if hasattr(text, "transformer") else list(text.bert.encoder.layer)
+        blocks = getattr(getattr(self.image_encoder, "model", None), "blocks", None)
+        return units + (list(blocks) if isinstance(blocks, nn.Sequential | nn.ModuleList) else [])
+
     def enable_gradient_checkpointing(self) -> None:
         for tower in (self.image_encoder, self.text_encoder):
             if hasattr(tower, "enable_gradient_checkpointing"):

@@ -60,6 +60,12 @@ def test_siglip_bias_and_a_locked_image_tower():
     assert all(p.requires_grad for p in model.text_encoder.parameters())
 
 
+def test_shard_units_are_both_towers_blocks():
+    model = _clip(text_encoder={"type": "transformer", "width": 16, "layers": 2, "heads": 2, "context_length": 12})
+    assert model.shard_units() == [*model.text_encoder.transformer.resblocks, *model.image_encoder.model.blocks]
+    assert len(model.shard_units()) == 3
+
+
 def test_an_mmvl_image_encoder_is_mean_pooled():
     model = _clip(image_encoder={"type": "cnn", "params": {"channels": [8, 16], "strides": [4, 4]}})
     assert model(_batch())["image_features"].shape == (3, 8)
