@@ -295,7 +295,10 @@ def gather_with_grad(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _exchange(tensor: torch.Tensor, send_to: int, recv_from: int) -> torch.Tensor:
-    """Send ``tensor`` to rank ``send_to`` while receiving one of the same shape from ``recv_from``."""
+    """Send ``tensor`` to rank ``send_to`` while receiving one of the same shape from ``recv_from``.
+
+    One batched pair (``batch_isend_irecv``): under NCCL, a ring of separately launched sends would
+    each wait on the device for a receive queued behind the next rank's send."""
     local = place(tensor, communication_device()).contiguous()
     received = torch.empty_like(local)
     ops = [dist.P2POp(dist.isend, local, send_to), dist.P2POp(dist.irecv, received, recv_from)]
