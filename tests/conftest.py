@@ -1,6 +1,13 @@
 import os
+import tempfile
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# torch.compile's kernel cache is per user in /tmp and shared by every process: a compile killed
+# mid-write elsewhere left a truncated .so there ("file too short") that failed the compiled tests;
+# this session's tests (and the processes they start) compile into a cache of their own
+_INDUCTOR_CACHE = None if "TORCHINDUCTOR_CACHE_DIR" in os.environ else tempfile.mkdtemp(prefix="mmvl-tests-inductor-")
+if _INDUCTOR_CACHE is not None:
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = _INDUCTOR_CACHE
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -49,6 +56,13 @@ def pytest_configure(config):
     _wrap(multiprocessing.process.BaseProcess, "start", "multiprocessing: mp.spawn, DataLoader workers")
     for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp", "system", "spawnv", "spawnve"):
         _wrap(os, name, f"os.{name}")
+
+
+def pytest_unconfigure(config):
+    if _INDUCTOR_CACHE is not None:
+        import shutil
+
+        shutil.rmtree(_INDUCTOR_CACHE, ignore_errors=True)
 
 
 @pytest.hookimpl(hookwrapper=True)
