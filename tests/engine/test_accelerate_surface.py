@@ -59,7 +59,7 @@ def test_prepare_keeps_every_setting_of_the_users_loader():
     assert (prepared.worker_init_fn, prepared.persistent_workers, prepared.prefetch_factor, prepared.timeout) == \
         (init, True, 3, 30)
     assert prepared.multiprocessing_context.get_start_method() == "spawn"
-    assert prepared.sampler.sampler is loader.sampler  # the user's sampler, sharded, not replaced
+    assert prepared.batch_sampler.batch_sampler.sampler is loader.sampler  # the user's sampler, sharded, not replaced
 
 
 def _epochs(loader, n):
