@@ -191,8 +191,8 @@ class AcceleratorMembers:
     @contextlib.contextmanager
     def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None = None) -> Iterator[None]:
         """Let ranks with fewer batches finish while the others run their last ones (torch's
-        ``Join`` over the DDP models in ``joinables``); ``even_batches`` overrides the prepared
-        loaders' setting inside the block (map-style loaders only)."""
+        ``Join`` over the DDP models in ``joinables``, when the loaders are not even); ``even_batches``
+        overrides the prepared loaders' setting inside the block (map-style loaders only)."""
         import warnings
 
         from torch.distributed.algorithms.join import Join
@@ -210,7 +210,9 @@ class AcceleratorMembers:
         try:
             if self.distributed_type in (DistributedType.MULTI_GPU, DistributedType.MULTI_CPU):
                 ddp = [j for j in joinables if isinstance(j, torch.nn.parallel.DistributedDataParallel)]
-                with Join(ddp) if ddp else contextlib.nullcontext():
+                even = self.dataloader_config.even_batches if even_batches is None else even_batches
+                # even loaders need no joining (every rank runs as many steps): Join's per-step check is skipped
+                with Join(ddp, enable=not even, throw_on_early_termination=False) if ddp else contextlib.nullcontext():
                     yield
             else:
                 if self.distributed_type != DistributedType.NO:
