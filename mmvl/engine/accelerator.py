@@ -1,6 +1,6 @@
-"""``Accelerator`` members the Engine inherits: process queries, printing, collectives, triggers,
-checkpoint folders. Each is written on the Engine's own pieces (its env, strategy, checkpointables
-and prepared loaders), under Accelerate's name and meaning.
+"""``Accelerator`` members the Engine inherits: collectives, triggers, gradients, trackers and
+checkpoint folders (process queries: :mod:`mmvl.engine.members`). Each is written on the Engine's own
+pieces (its env, strategy, checkpointables and prepared loaders), under Accelerate's name and meaning.
 """
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import contextlib
 import gc
 import os
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import torch
 
@@ -16,17 +16,14 @@ from mmvl import io, tracking
 from mmvl.checkpoint import schema
 from mmvl.distributed import comm
 from mmvl.engine import nested
-from mmvl.engine.accelerate import MIXED_PRECISION, DistributedType
+from mmvl.engine.accelerate import DistributedType
 from mmvl.engine.plugins import GradientState
-from mmvl.engine.process import AcceleratorState
 from mmvl.engine.loaders import PreparedLoader, SkippedLoader
+from mmvl.engine.members import ProcessMembers
 from mmvl.engine.prepared import inner, sync_in_backward
 from mmvl.errors import UserError
 
-_NAMES = {v: k for k, v in MIXED_PRECISION.items()}
-
-
-class AcceleratorMembers:
+class AcceleratorMembers(ProcessMembers):
     """Mixed into :class:`mmvl.engine.Engine`; reads ``env``, ``strategy``, ``checkpointables``."""
 
     env: Any
@@ -44,116 +41,6 @@ class AcceleratorMembers:
     def active_loader(self) -> PreparedLoader | None:
         """The prepared loader whose epoch is running (the innermost; gather_for_metrics reads it)."""
         return self.gradient_state.active_dataloader
-
-    # -- processes ----------------------------------------------------------------
-    @property
-    def num_processes(self) -> int:
-        return self.env.world_size
-
-    @property
-    def process_index(self) -> int:
-        return self.env.rank
-
-    @property
-    def local_process_index(self) -> int:
-        return self.env.local_rank
-
-    @property
-    def is_local_main_process(self) -> bool:
-        return self.env.local_rank == 0
-
-    @property
-    def is_last_process(self) -> bool:
-        return self.env.rank == self.env.world_size - 1
-
-    @property
-    def use_distributed(self) -> bool:
-        return self.env.world_size > 1
-
-    @property
-    def state(self) -> AcceleratorState:
-        """The process's state (rank, world size, device, distribution), shared with ``AcceleratorState()``."""
-        return AcceleratorState()
-
-    @property
-    def distributed_type(self) -> DistributedType:
-        """How the run is distributed (as the shared state says, which may be set through ``state``)."""
-        shared = AcceleratorState._value_for(self.env, "distributed_type")
-        return shared if shared is not None else self._strategy_distributed_type()
-
-    def _strategy_distributed_type(self) -> DistributedType:
-        name = self.strategy.name
-        if name == "fsdp":
-            return DistributedType.FSDP
-        if name == "single" or (self.env.world_size == 1 and name != "dp"):
-            return DistributedType.NO
-        return DistributedType.MULTI_GPU if self.env.device.type == "cuda" else DistributedType.MULTI_CPU
-
-    @property
-    def mixed_precision(self) -> str:
-        """``no``, ``fp16`` or ``bf16``: Accelerate's name for ``precision``."""
-        return _NAMES[self.precision]
-
-    @property
-    def gradient_accumulation_steps(self) -> int:
-        return self.gradient_accumulation
-
-    @gradient_accumulation_steps.setter
-    def gradient_accumulation_steps(self, steps: int) -> None:
-        if int(steps) < 1:
-            raise UserError(f"gradient_accumulation_steps={steps} must be >= 1.")
-        self.gradient_accumulation = int(steps)
-
-    def print(self, *args: Any, **kwargs: Any) -> None:
-        """``print`` on the local main process only."""
-        if self.is_local_main_process:
-            print(*args, **kwargs)
-
-    @contextlib.contextmanager
-    def main_process_first(self) -> Iterator[None]:
-        """Rank 0 runs the block first (e.g. to build a cache), the others after it."""
-        with self._first(self.env.rank == 0):
-            yield
-
-    @contextlib.contextmanager
-    def local_main_process_first(self) -> Iterator[None]:
-        with self._first(self.env.local_rank == 0):
-            yield
-
-    @contextlib.contextmanager
-    def _first(self, leader: bool) -> Iterator[None]:
-        if not leader:
-            comm.synchronize()
-        yield
-        if leader:
-            comm.synchronize()
-
-    def on_main_process(self, function: Callable) -> Callable:
-        return self.on_process(function, 0)
-
-    def on_local_main_process(self, function: Callable) -> Callable:
-        def run(*args: Any, **kwargs: Any) -> Any:
-            return function(*args, **kwargs) if self.is_local_main_process else None
-        return run
-
-    def on_last_process(self, function: Callable) -> Callable:
-        return self.on_process(function, self.env.world_size - 1)
-
-    def on_process(self, function: Callable | None = None, process_index: int | None = None) -> Callable:
-        """Decorator: run ``function`` on rank ``process_index`` only (None elsewhere)."""
-        if function is None:
-            return lambda f: self.on_process(f, process_index)
-        if process_index is None:
-            raise UserError("on_process(function, process_index): name the rank to run on.")
-
-        def run(*args: Any, **kwargs: Any) -> Any:
-            return function(*args, **kwargs) if self.env.rank == process_index else None
-        return run
-
-    @contextlib.contextmanager
-    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
-        """This rank's contiguous part of ``inputs`` (a list, tuple, tensor or dict of them)."""
-        yield nested.split(inputs, self.env.rank, self.env.world_size, apply_padding)
 
     def end_training(self) -> None:
         """The trackers flush and close (main process), then every rank meets and leaves the
@@ -265,6 +152,15 @@ class AcceleratorMembers:
             raise UserError("skip_first_batches(dataloader, n) takes a loader returned by prepare(); "
                             f"got {type(dataloader).__name__}. Pass it through prepare() first.")
         return SkippedLoader(dataloader, num_batches)
+
+    def unscale_gradients(self, optimizer: Any = None) -> None:
+        """Under fp16, divide the gradients by the loss scale now (once an update; clipping does it
+        itself); nothing to do in other precisions."""
+        self._unscale()
+
+    def clear(self, *objects: Any) -> list[None]:
+        """Accelerate's other name for :meth:`free_memory`."""
+        return self.free_memory(*objects)
 
     def free_memory(self, *objects: Any) -> list[None]:
         """Forget what ``prepare`` saw (so a retry prepares afresh) and release cached memory."""

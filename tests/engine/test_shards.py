@@ -146,3 +146,29 @@ def test_a_users_generator_resumes_mid_epoch_exactly(tmp_path):
     engine.load_state(tmp_path / "mid")
     rest = [b.tolist() for b in loader] + [b.tolist() for b in loader]
     assert first + rest == whole
+
+
+def test_the_docs_member_table_names_every_public_member_of_accelerates_accelerator():
+    """Read from Accelerate's source (not imported: fast), so a new Accelerate member shows up here."""
+    import ast
+    import importlib.util
+    import re
+    from pathlib import Path
+
+    source = Path(importlib.util.find_spec("accelerate").origin).parent / "accelerator.py"
+    tree = ast.parse(source.read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Accelerator")
+    members = {n.name for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+               and not n.name.startswith("_")}
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "engine.md").read_text()
+    table = docs[docs.index("### Every `Accelerator` member"):]
+    table = table[:table.index("\n\n", table.index("| member |"))]
+    assert not sorted(members - set(re.findall(r"`([A-Za-z_]\w*)", table)))
+
+
+def test_local_process_decorator_logging_dir_and_multi_device(tmp_path):
+    engine = Accelerator(cpu=True, project_dir=str(tmp_path))
+    assert engine.on_local_process(lambda: "ran", local_process_index=0)() == "ran"
+    assert engine.on_local_process(local_process_index=1)(lambda: "ran")() is None
+    assert engine.logging_dir == str(tmp_path) and engine.multi_device is False
+    assert engine.clear() == [] and engine.active_loader is None
