@@ -5,7 +5,7 @@
 #   benchmarks/gpu_check.sh --dry      # (or GPU_CHECK_DRY=1) the same steps on the CPU, tiny: what CI runs
 #
 # No install step: the source tree goes on PYTHONPATH, so any Python with torch runs it once
-# omegaconf is importable (offline machines: the README's wheelhouse step). lmdb, fairscale,
+# omegaconf is importable (offline machines: docs/speed.md's wheelhouse step). lmdb, fairscale,
 # accelerate and lightning are optional: their tests skip, their step_speed variants are noted.
 #
 # Steps, the most important first, each under its own budget in seconds (enforced with `timeout`;
@@ -116,7 +116,7 @@ if not dry and not torch.cuda.is_available():
     sys.exit(2)
 if importlib.util.find_spec("omegaconf") is None:
     print("gpu_check: omegaconf is not installed (mmvl needs it); offline, install it from a wheelhouse: "
-          "pip install --no-index --find-links WHEELHOUSE omegaconf antlr4-python3-runtime (see the README)")
+          "pip install --no-index --find-links WHEELHOUSE omegaconf antlr4-python3-runtime (see docs/speed.md)")
     sys.exit(2)
 device = "cpu (dry mode)" if dry else torch.cuda.get_device_name(0)
 print(f"torch {torch.__version__} on {device}, Python {sys.version.split()[0]}")

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The README's Sort-of-CLEVR model zoo: trains every model's project config on this machine, one
+# The Sort-of-CLEVR model zoo (docs/sort_of_clevr.md): trains every model's project config on this machine, one
 # after the other, and prints the table rows (held-out = the 500 validation images x 20 questions,
 # final model). Data is generated once, timed on its own.
 #   benchmarks/model_zoo.sh [OUT_DIR] [ROW ...]   (default: save/zoo, every row below)
-# Rows: relation_network (the README demo, over object regions from an oracle detector),
+# Rows: relation_network (the README's demo, over object regions from an oracle detector),
 # relation_network_quality (the demo model, 3x longer), visual_bert (pixels), visual_bert_regions,
 # mmbt, concat_bert, quality (visual_bert on pixels, 3x longer), regions_quality (visual_bert
 # over object regions, 3x longer).

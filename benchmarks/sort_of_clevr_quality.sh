@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Reproduces the Sort-of-CLEVR figures in the README: the demo (minutes), the quality run (longer),
+# Reproduces the Sort-of-CLEVR figures in docs/sort_of_clevr.md: the demo (minutes), the quality run (longer),
 # the demo under ddp on 2 gloo processes (training.batch_size is the global batch: 32 per process), and the earlier VisualBERT demo with the
 # MiniLM-initialised text encoder (one override). The seed and thread-count rows:
 # benchmarks/sort_of_clevr_seeds.sh.

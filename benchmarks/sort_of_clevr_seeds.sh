@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The robustness rows of the README's Sort-of-CLEVR tables: one project config over seeds and
+# The robustness rows of docs/sort_of_clevr.md's tables: one project config over seeds and
 # thread counts, each run timed on its own, then one table row per thread count (mean and range
 # over the seeds) and one over every run.
 #   benchmarks/sort_of_clevr_seeds.sh CONFIG OUT_DIR [SEEDS] [THREADS] [mmvl_run overrides ...]

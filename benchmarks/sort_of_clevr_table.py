@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Markdown rows of Sort-of-CLEVR results from finished runs (the README's model-zoo and seed tables).
+"""Markdown rows of Sort-of-CLEVR results from finished runs (docs/sort_of_clevr.md's model-zoo and seed tables).
 
     python benchmarks/sort_of_clevr_table.py [--label NAME] SAVE_DIR [SAVE_DIR ...]
     python benchmarks/sort_of_clevr_table.py --header

@@ -122,4 +122,7 @@ def build_callbacks(config: DictConfig, trainer: Any) -> list[tuple[str, Any]]:
         seen[name] = count + 1
         key = name if count == 0 else f"{name}[{count}]"
         built.append((key, build_component(registry.CALLBACKS, entry, trainer, where=where)))
+    if float(config_value(config, "training.ema.decay") or 0) > 0 and "ema" not in seen:
+        raise UserError("training.ema.decay > 0 but the 'ema' callback is in neither training.builtin_callbacks "
+                        "nor training.callbacks; add 'ema' (before 'evaluation') or set training.ema.decay=0.")
     return built

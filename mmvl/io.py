@@ -279,10 +279,30 @@ LOCK = ".mmvl.lock"
 _HELD: dict[str, int] = {}  # the locks this process holds: resolved path -> open descriptor
 
 
+def _drop_inherited_locks() -> None:
+    """In a forked child (a DataLoader worker, say): close the inherited lock descriptors.
+
+    An ``flock`` belongs to the open file description, which a fork shares; a worker that kept its
+    copy would hold the folder after its parent was SIGKILLed, until it noticed the parent was gone
+    (seconds), and a restart in between would be refused. Closing the child's copy leaves the
+    parent's lock held; only the process that took the lock holds it."""
+    for fd in _HELD.values():
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _HELD.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_drop_inherited_locks)
+
+
 def lock_dir(folder: str | os.PathLike[str], key: str = "env.save_dir") -> Path:
     """Own ``folder`` for the rest of this process: an advisory ``flock`` on :data:`LOCK` there,
     which the OS releases when the process ends, however it ends (a SIGKILLed run leaves no stale
-    lock). Another process holding it is a UserError naming it (host, pid, start); this process
+    lock; its forked workers drop their copy at fork, so they never hold it, and spawned ones never
+    get the descriptor, which is not inheritable). Another process holding it is a UserError naming it (host, pid, start); this process
     may take it again (several runs one after another in one interpreter). On NFS, flock is
     emulated with byte-range locks (Linux since 2.6.12), which NFSv4 servers honour."""
     import fcntl

@@ -8,6 +8,67 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 
+class UnmarkedProcessStart(RuntimeError):
+    """A test not marked ``proc`` started a process (the unit tier must start none)."""
+
+
+_RUNNING: dict[str, object] = {}  # the test item whose setup, call or teardown is running
+STARTED: dict[str, list[str]] = {}  # test id -> what it started without the marker
+
+
+def _guard(what: str) -> None:
+    item = _RUNNING.get("item")
+    if item is None or any(item.get_closest_marker(m) is not None for m in ("proc", "slow")):
+        return  # slow tests are outside the unit tier whatever they start
+    STARTED.setdefault(item.nodeid, []).append(what)
+    raise UnmarkedProcessStart(f"{item.nodeid} starts a process ({what}) but is not marked proc: add "
+                               "@pytest.mark.proc (the unit tier, -m 'not slow and not proc', starts none)")
+
+
+def _wrap(owner: object, name: str, what: str) -> None:
+    original = getattr(owner, name, None)
+    if original is None:
+        return
+
+    def guarded(*args, **kwargs):
+        _guard(what)
+        return original(*args, **kwargs)
+
+    setattr(owner, name, guarded)
+
+
+def pytest_configure(config):
+    """Every way a test can start a process goes through a guard that fails unmarked tests.
+
+    Module- and session-scoped fixtures are covered too: they are set up inside the first test
+    that asks for them, so that test must be marked ``proc``."""
+    import multiprocessing.process
+    import subprocess
+
+    _wrap(subprocess.Popen, "__init__", "subprocess")
+    _wrap(multiprocessing.process.BaseProcess, "start", "multiprocessing: mp.spawn, DataLoader workers")
+    for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp", "system", "spawnv", "spawnve"):
+        _wrap(os, name, f"os.{name}")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    _RUNNING["item"] = item
+    try:
+        yield
+    finally:
+        _RUNNING.pop("item", None)
+
+
+@pytest.fixture(autouse=True)
+def _no_process_unless_marked(request):
+    """Fail the test (in teardown) if it started a process unmarked, even if it swallowed the error."""
+    yield
+    started = STARTED.pop(request.node.nodeid, None)
+    if started:
+        pytest.fail(f"started a process without @pytest.mark.proc: {', '.join(sorted(set(started)))}")
+
+
 def pytest_collection_modifyitems(config, items):
     """``cuda``-marked tests skip on hosts without a GPU (``pytest -m cuda`` selects them)."""
     if torch.cuda.is_available():

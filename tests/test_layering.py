@@ -1,7 +1,7 @@
 """Every import in mmvl/ and mmvl_cli/ goes down the layer table or stays in its layer, including
 imports inside functions and ``importlib.import_module("...")`` with a literal name.
 
-The table is the architecture's (README, "Architecture"): a module imports only from its own
+The table is the architecture's (docs/architecture.md): a module imports only from its own
 layer or below, so data never imports models, a strategy never imports checkpoints, config
 never imports the layers that read it.
 """

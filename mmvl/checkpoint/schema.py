@@ -15,6 +15,8 @@ defined here and nowhere else:
 ``data``                the training stream's position (epoch, batch; multi-dataset state)
 ``rng``                 one RNG state per rank (python, numpy, torch, CUDA)
 ``callbacks``           each callback's state, by name
+``ema``                 the model EMA (``training.ema.decay`` > 0): ``decay``, ``updates`` and ``weights``
+                        (the averaged tensors by the unwrapped model's state-dict names)
 ``config``              the resolved config the run was started with (a plain container)
 ``format``              :data:`FORMAT_VERSION` (absent in checkpoints of mmvl before it: version 1)
 ======================  ===========================================================================
@@ -37,6 +39,8 @@ TRAINER = "trainer"
 DATA = "data"
 RNG = "rng"
 CALLBACKS = "callbacks"
+#: only in runs with the model EMA on (loaded after :data:`KEYS`, which every trainer's checkpoint has)
+EMA = "ema"
 CONFIG = "config"
 FORMAT = "format"
 #: the built-in keys in the order they are loaded (the model before the optimizer that refers to it)

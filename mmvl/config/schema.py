@@ -69,6 +69,11 @@ class Profiler:
 
 
 @dataclasses.dataclass
+class Ema:
+    decay: float = knob(0.0, safe=True)
+
+
+@dataclasses.dataclass
 class Training:
     trainer: str = knob("mmvl", registry="trainer")
     seed: int = knob(1)
@@ -90,7 +95,8 @@ class Training:
     clip_grad_norm: Optional[float] = knob(None)
     gradient_checkpointing: bool = knob(False)
     early_stop: EarlyStop = sub(EarlyStop, safe=True)
-    builtin_callbacks: list = knob(["profiler", "logging", "trackers", "curves", "evaluation", "early_stop",
+    ema: Ema = sub(Ema, safe=True)
+    builtin_callbacks: list = knob(["profiler", "logging", "trackers", "curves", "ema", "evaluation", "early_stop",
                                     "checkpoint", "preemption"], safe=True)
     callbacks: list = knob([], safe=True)
     exit_on_nan: bool = knob(True, safe=True)
@@ -125,6 +131,9 @@ class Optimizer:
     type: str = knob("adam_w", registry="optimizer")
     params: dict = knob({"lr": 5.0e-05, "eps": 1.0e-08, "weight_decay": 0.01})
     lr_scaling: Optional[str] = knob("none", choices=("none", *LR_SCALINGS, None))
+    no_weight_decay: list = knob(["logit_scale", "logit_bias"])
+    param_groups: list = knob([])
+    layer_decay: float = knob(1.0)
     enable_state_sharding: bool = knob(False)
 
 

@@ -261,3 +261,70 @@ def all_ranks_agreed(error: str | None, what: str) -> None:
     problems = [f"rank {r}: {e}" for r, e in enumerate(errors) if e]
     if problems:
         raise UserError(f"could not {what}: {'; '.join(problems)}")
+
+
+class _GatherWithGrad(torch.autograd.Function):
+    """Forward: every rank's rows concatenated; backward: the sum over ranks of the gradient of
+    this rank's rows (each rank's loss used them), as ``torch.distributed.nn.all_gather`` does."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor) -> torch.Tensor:
+        world, home = get_world_size(), tensor.device
+        ctx.rank, ctx.rows = get_rank(), tensor.shape[0]
+        local = place(tensor, communication_device()).contiguous()
+        out = [torch.empty_like(local) for _ in range(world)]
+        dist.all_gather(out, local)
+        return place(torch.cat(out), home)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        summed = all_reduce(grad.contiguous())
+        return summed[ctx.rank * ctx.rows:(ctx.rank + 1) * ctx.rows]
+
+
+def gather_with_grad(tensor: torch.Tensor) -> torch.Tensor:
+    """Every rank's ``tensor`` concatenated along dim 0 in rank order, differentiable.
+
+    Gradients flow back to the rank that owns each row, summed over every rank's loss.
+    Every rank must pass the same shape (a contrastive batch is split evenly); at world
+    size 1 the tensor itself.
+    """
+    if get_world_size() == 1:
+        return tensor
+    return _GatherWithGrad.apply(tensor)
+
+
+def _exchange(tensor: torch.Tensor, send_to: int, recv_from: int) -> torch.Tensor:
+    """Send ``tensor`` to rank ``send_to`` while receiving one of the same shape from ``recv_from``.
+
+    One batched pair (``batch_isend_irecv``): under NCCL, a ring of separately launched sends would
+    each wait on the device for a receive queued behind the next rank's send."""
+    local = place(tensor, communication_device()).contiguous()
+    received = torch.empty_like(local)
+    ops = [dist.P2POp(dist.isend, local, send_to), dist.P2POp(dist.irecv, received, recv_from)]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+    return place(received, tensor.device)
+
+
+class _NeighbourExchange(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, send_to: int, recv_from: int) -> torch.Tensor:
+        ctx.send_to, ctx.recv_from = send_to, recv_from
+        return _exchange(tensor, send_to, recv_from)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        # the gradient goes back the way the tensor came
+        return _NeighbourExchange.apply(grad, ctx.recv_from, ctx.send_to), None, None
+
+
+def neighbour_exchange(tensor: torch.Tensor, send_to: int, recv_from: int) -> torch.Tensor:
+    """A ring step, differentiable: send ``tensor`` to ``send_to``, return what ``recv_from`` sent.
+
+    Only point-to-point traffic (no all-gather): SigLIP's loss passes text blocks round the
+    ring this way. Shapes must agree between the two neighbours.
+    """
+    if get_world_size() == 1:
+        return tensor
+    return _NeighbourExchange.apply(tensor, send_to, recv_from)

@@ -239,9 +239,12 @@ class Engine(AcceleratorMembers):
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=dtype)
 
-    def backward(self, loss: torch.Tensor) -> None:
-        """Backward of ``loss / gradient_accumulation``, through the scaler under fp16."""
-        if self.gradient_accumulation > 1:
+    def backward(self, loss: torch.Tensor, divide: bool = True) -> None:
+        """Backward of ``loss / gradient_accumulation``, through the scaler under fp16.
+
+        ``divide=False``: ``loss`` is already the whole update's loss (a contrastive step recomputes
+        each micro-batch against the cached rest, :mod:`mmvl.trainers.contrastive_step`): not divided."""
+        if divide and self.gradient_accumulation > 1:
             loss = loss / self.gradient_accumulation
         if self.scaler is not None:
             loss = self.scaler.scale(loss)

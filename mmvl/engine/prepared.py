@@ -42,7 +42,7 @@ class PreparedOptimizer:
         if engine.scaler is not None and not self.skips_on_device and engine.is_main_process:
             log.info("fp16: the grad scaler reads whether the gradients of %s are finite on every update, a "
                      "host-device sync per update; fused adam_w/adam/sgd under single or ddp skip on the device "
-                     "(README: Speed)", type(optimizer).__name__)
+                     "(docs/speed.md)", type(optimizer).__name__)
 
     def step(self, closure: Any = None) -> None:
         if not self.engine.sync_gradients:

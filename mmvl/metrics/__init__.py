@@ -25,7 +25,8 @@ for a single binary logit (positive when > 0). ``targets`` are class indices
 [N] or soft / multi-hot rows [N, C] (their argmax is the label).
 
 The streaming base is :mod:`mmvl.metrics.base`; the families register themselves on import:
-:mod:`mmvl.metrics.classification` and :mod:`mmvl.metrics.retrieval`.
+:mod:`mmvl.metrics.classification`, :mod:`mmvl.metrics.retrieval` and :mod:`mmvl.metrics.two_tower`
+(zero-shot classification and image-text retrieval through a two-tower model's encoders).
 """
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ from typing import Any
 
 from mmvl.config.access import plain
 from mmvl.config.components import build_component
-from mmvl.metrics import classification, retrieval  # noqa: F401  (registration)
+from mmvl.metrics import classification, retrieval, two_tower  # noqa: F401  (registration)
 from mmvl.metrics.base import KINDS, Metric, concat_for_metrics
 from mmvl.metrics.classification import binary_roc_auc
 from mmvl.registry import METRICS

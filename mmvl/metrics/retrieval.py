@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from mmvl.distributed import comm
 from mmvl.errors import UserError
 from mmvl.metrics.base import Metric, rate, scores_of
 from mmvl.registry import register_metric
@@ -29,6 +30,9 @@ class RecallAtK(Metric):
     whether it has one, and the ``max(k) + 1`` highest scores any caption gave
     it: an image's best caption ranks in the top k exactly when at most k of
     those are at least its best own score.
+
+    A two-tower model's embeddings are ranked by the ``retrieval`` metric
+    (:mod:`mmvl.metrics.two_tower`) with the same rule, through :func:`gallery_ranks`.
     """
 
     name = "recall@k"
@@ -72,3 +76,46 @@ class RecallAtK(Metric):
             at_least = (top >= best_own[None, :]).sum(0)[captioned]  # = the rank + 1 when <= max(k)
             result.update({f"recall@{k}/i2t": rate((at_least <= k).sum(), captioned.sum()) for k in self.ks})
         return result
+
+
+def gallery_ranks(queries: torch.Tensor, query_keys: torch.Tensor, gallery: torch.Tensor,
+                  gallery_keys: torch.Tensor, depth: int, block_size: int) -> torch.Tensor:
+    """How many negatives score at least each query's best positive, counted up to ``depth``.
+
+    ``queries`` [n, D] are this rank's; the gallery is the union of every rank's ``gallery``
+    [m_r, D] (a collective: every rank calls it, with its own, possibly empty, part). A gallery
+    row is a positive of a query when their keys are equal, a negative otherwise. The rule is
+    :class:`RecallAtK`'s (ties rank against the match): the best positive ranks in the top k
+    exactly when the result is < k. Values are capped at ``depth`` (also for a query without a
+    positive), so the answer holds for every k <= ``depth``.
+
+    Never more than ``block_size`` gallery rows are held besides this rank's own, and never more
+    than ``block_size`` x ``block_size`` scores: each rank's gallery is broadcast in blocks and
+    every query keeps only its best positive score and its ``depth`` highest negative scores
+    (merged block by block), so memory is linear in the local rows whatever the gallery's size.
+    """
+    if block_size < 1 or depth < 1:
+        raise UserError(f"retrieval: block_size ({block_size}) and depth ({depth}) must be positive.")
+    device, dim = queries.device, queries.shape[1]
+    best_pos = torch.full((len(queries),), -float("inf"), device=device)
+    top_neg = torch.full((len(queries), depth), -float("inf"), device=device)
+    world, rank = comm.get_world_size(), comm.get_rank()
+    sizes = [int(gallery.shape[0])] if world == 1 else [int(n) for n in comm.all_gather_object(int(gallery.shape[0]))]
+    for src, size in enumerate(sizes):
+        for start in range(0, size, block_size):
+            n = min(block_size, size - start)
+            if src == rank:
+                block = gallery[start:start + n].float().contiguous()
+                keys = gallery_keys[start:start + n].to(device).long().contiguous()
+            else:
+                block = torch.empty((n, dim), device=device)
+                keys = torch.empty((n,), dtype=torch.long, device=device)
+            block, keys = comm.broadcast(block, src), comm.broadcast(keys, src)
+            for q in range(0, len(queries), block_size):
+                scores = queries[q:q + block_size].float() @ block.T
+                positive = query_keys[q:q + block_size, None].to(device) == keys[None, :]
+                best_pos[q:q + block_size] = torch.maximum(
+                    best_pos[q:q + block_size], scores.masked_fill(~positive, -float("inf")).amax(1))
+                merged = torch.cat([top_neg[q:q + block_size], scores.masked_fill(positive, -float("inf"))], 1)
+                top_neg[q:q + block_size] = merged.topk(depth, dim=1).values
+    return (top_neg >= best_pos[:, None]).sum(1)

@@ -16,7 +16,7 @@ bag-of-words question vector instead of the LSTM (``question_encoder.type: bag_o
 the attended object pooled into every pair's first (``pooled_first``: N pairs, not N^2); the
 FiLM on the attention's keys only (``film_keys_only``).
 The Sort-of-CLEVR demo uses the question attention, pair geometry and bag-of-words over object
-regions; ``pixels.yaml`` adds the FiLM and the last two over CNN cells. The README's model
+regions; ``pixels.yaml`` adds the FiLM and the last two over CNN cells. docs/sort_of_clevr.md's model
 zoo shows what each one changed.
 
 With ``feature_dim`` set the objects are region features with their boxes instead

@@ -18,6 +18,7 @@ throughput; without a terminal it logs progress every :data:`LOG_EVERY_S` second
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import time
@@ -56,7 +57,10 @@ def evaluate(trainer: Any, split: str) -> dict[str, dict[str, float]]:
     prepare_split(trainer.builders, split, trainer.engine.is_main_process)
     trainer.model.eval()
     try:
-        return {name: _evaluate_dataset(trainer, name, builder, split) for name, builder in trainer.builders.items()}
+        with contextlib.ExitStack() as weights:  # e.g. the EMA weights in place of the live ones
+            for callback in getattr(trainer, "callbacks", ()):
+                weights.enter_context(callback.evaluating(split))
+            return {name: _evaluate_dataset(trainer, name, builder, split) for name, builder in trainer.builders.items()}
     finally:
         trainer.model.train()
 
@@ -73,6 +77,7 @@ def _evaluate_dataset(trainer: Any, name: str, builder: Any, split: str) -> dict
     metrics = [as_metric(m) for m in trainer.metrics[name]]
     for m in metrics:
         m.reset()
+    encoders = _bind_two_tower(trainer, builder, metrics)
     active: list[Metric] | None = None  # decided on the first batch: an unlabelled split has no targets
     losses = _LossSums(engine)
     writer = None
@@ -88,16 +93,19 @@ def _evaluate_dataset(trainer: Any, name: str, builder: Any, split: str) -> dict
             valid = max(0, min(size, _owned(seen + size, total, env) - _owned(seen, total, env)))
             seen += size
             batch = engine.to_device(batch)
-            with engine.autocast():
-                output = trainer.model(batch)
+            if active is None:
+                active = [m for m in metrics if all(k in batch for k in m.required_keys)]
+            forward = writer is not None or not active or any(m not in encoders for m in active)
+            with engine.autocast():  # a split scored only through the model's encoders skips the forward
+                output = trainer.model(batch) if forward else {"scores": torch.empty(size, 0)}
             scores = output["scores"].float()
             batch, scores = _rows(batch, valid, size), scores[:valid]
             out = {"scores": scores}
-            if active is None:
-                active = [m for m in metrics if all(k in batch for k in m.required_keys)]
             for m in active if valid else []:
-                m.update(batch, out)
-            losses.add(output.get("losses") or {}, trainer.losses if "targets" in batch else [], batch, out, valid)
+                with engine.autocast() if m in encoders else contextlib.nullcontext():
+                    m.update(batch, out)
+            if forward:
+                losses.add(output.get("losses") or {}, trainer.losses if "targets" in batch else [], batch, out, valid)
             if writer is not None:
                 rows = builder.predictions(batch, scores) if valid else []
                 writer.write(_in_dataset_order(engine.gather_object(rows)))
@@ -121,6 +129,21 @@ def _evaluate_dataset(trainer: Any, name: str, builder: Any, split: str) -> dict
             log.info("Wrote %s predictions to %s", split, path)
     progress.log_done()
     return values
+
+
+def _bind_two_tower(trainer: Any, builder: Any, metrics: list[Metric]) -> set[Metric]:
+    """Bind the metrics that encode with the model themselves (``uses_model``: zero-shot, retrieval) to
+    the unwrapped model; they are scored through its encoders, not its forward."""
+    encoders = {m for m in metrics if getattr(m, "uses_model", False)}
+    if encoders and trainer.engine.strategy.name == "fsdp":
+        raise UserError(f"metrics {sorted(m.name for m in encoders)} call the model's encoders, which FSDP's sharded "
+                        "parameters do not allow; evaluate under distributed.strategy=ddp (or single).")
+    if encoders:
+        model = trainer.engine.unwrap_model(trainer.model)
+        for m in encoders:
+            with trainer.engine.autocast():
+                m.bind(model, lambda: builder.text_processor)
+    return encoders
 
 
 class BestTracker:

@@ -36,6 +36,7 @@ from mmvl.io import lock_dir
 from mmvl.losses import build_losses, compute_losses
 from mmvl.metrics import build_metrics
 from mmvl.optim import base_lr, build_optimizer, build_scheduler
+from mmvl.trainers.contrastive_step import cached_contrastive_update, uses_cached_contrast
 from mmvl.trainers.evaluation import BestTracker, prepare_split
 from mmvl.trainers.evaluation import evaluate as evaluate_split
 from mmvl.trainers.finite import NonFiniteGuard, NonFiniteLossError
@@ -91,6 +92,7 @@ class Trainer:
                                  checkpointing=not self.engine.strategy.handles_gradient_checkpointing)
         load_pretrained(self.engine, self.model, config)  # checkpoint.resume_pretrained: weights only, before wrapping
         self.losses = build_losses(list(model_config(config, self.builders).get("losses") or []))
+        self.cached_contrast = uses_cached_contrast(self.losses, self.engine.gradient_accumulation)
         optimizer = build_optimizer(self.model, config, device=self.env.device)
         self.model, self.optimizer = self.engine.prepare(self.model, optimizer)
         self.metrics = {name: build_metrics(list(b.config.get("metrics") or [])
@@ -195,21 +197,21 @@ class Trainer:
         self.dispatch("on_train_end")
 
     def train_step(self) -> dict[str, Any]:
-        """One optimizer update over ``gradient_accumulation`` micro-batches (no wait on the device)."""
-        engine, micro, tokens = self.engine, [], 0
-        counted: list[Any] | None = [] if self.flops.pending else None  # the first update's FLOPs, for MFU
-        for _ in range(engine.gradient_accumulation):
-            batch = engine.to_device(next(self.train_data))
-            if counted is not None:
-                counted.append(dict(batch) if isinstance(batch, Mapping) else batch)  # as it came
-            with engine.accumulate(self.model):
-                with engine.autocast():
-                    output = self.model(batch)
-                    losses = compute_losses(self.losses, batch, output)
-                loss = sum(losses.values())
-                engine.backward(loss)
-            micro.append({**losses, "total_loss": loss})
-            tokens += batch_tokens(batch)
+        """One optimizer update over ``gradient_accumulation`` micro-batches (no wait on the device).
+
+        The update's micro-batches are drawn first, and every loss with ``begin_update`` sees them all
+        before any forward (e.g. to normalise by the update's token count); a contrastive update
+        computes them against each other (:mod:`mmvl.trainers.contrastive_step`)."""
+        engine = self.engine
+        batches = [engine.to_device(next(self.train_data)) for _ in range(engine.gradient_accumulation)]
+        counted = [dict(b) if isinstance(b, Mapping) else b for b in batches] if self.flops.pending else ()
+        for _, loss_fn in self.losses:
+            if hasattr(loss_fn, "begin_update"):
+                loss_fn.begin_update(batches)
+        if self.cached_contrast:
+            micro = cached_contrastive_update(engine, self.model, self.losses, batches)
+        else:
+            micro = [self._micro_step(batch) for batch in batches]
         totals = mean_losses(micro)
         grad_norm = engine.clip_grad_norm_(self.model, self.clip_grad_norm) if self.clip_grad_norm else None
         self.nonfinite.record(totals, self.state.update + 1)
@@ -218,11 +220,21 @@ class Trainer:
         self.optimizer.zero_grad()
         if self.scheduler is not None:
             self.scheduler.step()  # not for updates the fp16 scaler skipped
-        for batch in counted or ():  # after the update: no strategy holds gradients in between now
+        for batch in counted:  # after the update: no strategy holds gradients in between now
             self.count_flops(batch)
         world = self.env.world_size
-        return {"losses": totals, "grad_norm": grad_norm, "lr": lr, "tokens": tokens * world,
+        return {"losses": totals, "grad_norm": grad_norm, "lr": lr,
+                "tokens": sum(batch_tokens(b) for b in batches) * world,
                 "samples": self.batch_size * engine.gradient_accumulation * world}
+
+    def _micro_step(self, batch: Any) -> dict[str, torch.Tensor]:
+        """Forward, losses and backward (divided by the accumulation) of one micro-batch."""
+        with self.engine.accumulate(self.model):
+            with self.engine.autocast():
+                losses = compute_losses(self.losses, batch, self.model(batch))
+            loss = sum(losses.values())
+            self.engine.backward(loss)
+        return {**losses, "total_loss": loss}
 
     def count_flops(self, batch: Any) -> None:
         """Add the FLOPs of ``batch``'s forward, losses and backward to :attr:`flops`, on a side pass.

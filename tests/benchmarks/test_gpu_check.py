@@ -42,6 +42,7 @@ def test_dry_mode_runs_every_step_and_writes_its_summary(tmp_path):
     assert (tmp_path / "out" / "logs" / "demo_fp16.log").is_file()
 
 
+@pytest.mark.proc
 def test_the_overall_budget_stops_and_skips_steps(tmp_path):
     proc = check(tmp_path, "--dry", GPU_CHECK_BUDGET="12", timeout=120)
     summary = (tmp_path / "out" / "summary.txt").read_text()
@@ -54,6 +55,7 @@ def test_the_overall_budget_stops_and_skips_steps(tmp_path):
     assert total and int(total.group(1)) <= 13, summary
 
 
+@pytest.mark.proc
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the message on a host without CUDA")
 def test_real_mode_without_cuda_says_so_in_one_line_and_exits_2(tmp_path):
     proc = check(tmp_path, timeout=120)
@@ -65,6 +67,7 @@ def test_real_mode_without_cuda_says_so_in_one_line_and_exits_2(tmp_path):
 @pytest.mark.parametrize("args, env, needle", [(["--fast"], {}, "'--fast'"),
                                                (["--dry"], {"GPU_CHECK_BUDGET": "8m"}, "GPU_CHECK_BUDGET='8m'"),
                                                (["--dry"], {"DEMO_UPDATES": "0"}, "DEMO_UPDATES='0'")])
+@pytest.mark.proc
 def test_user_mistakes_exit_2_with_one_line(tmp_path, args, env, needle):
     proc = check(tmp_path, *args, timeout=60, **env)
     assert proc.returncode == 2 and needle in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
@@ -82,6 +85,7 @@ def test_the_suite_collects_without_lmdb_and_fairscale():
     assert "error" not in proc.stdout.splitlines()[-1], proc.stdout[-3000:]
 
 
+@pytest.mark.proc
 def test_benchmarks_is_this_trees_package_even_with_another_on_the_path(tmp_path):
     """fairscale's wheel installs a top-level ``benchmarks`` package into site-packages (after PYTHONPATH)."""
     (tmp_path / "site" / "benchmarks").mkdir(parents=True)

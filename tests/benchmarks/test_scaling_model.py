@@ -70,6 +70,7 @@ def test_against_a_published_nccl_measurement():
     assert busbw == pytest.approx(91.0, rel=0.10)
 
 
+@pytest.mark.proc
 def test_prints_assumptions_then_every_strategy_and_gpu_count():
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "scaling_model.py"), "--params", "110e6"],
                           capture_output=True, text=True, timeout=120)
@@ -93,6 +94,7 @@ def test_model_trends():
 
 @pytest.mark.parametrize("argv, needle", [(["--overlap", "1.5"], "--overlap"), (["--step-ms", "0"], "--step-ms"),
                                           (["--params", "1e6", "--optimizer-ms", "30"], "--optimizer-ms")])
+@pytest.mark.proc
 def test_user_mistakes_exit_2_with_one_line(argv, needle):
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "scaling_model.py"), *argv],
                           capture_output=True, text=True, timeout=120)

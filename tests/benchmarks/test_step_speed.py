@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SUMMARY = re.compile(r"^(\w+): (\d+\.\d) ms/update, (\d+) samples/s, MFU (n/a|\d+\.\d%), (\d+\.\d{3})x plain$")
 
 
+@pytest.mark.proc
 def test_tiny_preset_runs_every_variant():
     proc = subprocess.run([sys.executable, "benchmarks/step_speed.py", "--preset", "tiny", "--threads", "1"],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)

@@ -52,6 +52,7 @@ def test_plot_help(capsys):
     assert text.startswith("usage: mmvl_plot SAVE_DIR") and "--metric" in text and "--out" in text
 
 
+@pytest.mark.proc
 def test_features_without_arguments_fails():
     proc = subprocess.run([sys.executable, "-m", "mmvl_cli.features"], capture_output=True, text=True,
                           cwd=ROOT, timeout=120)

@@ -50,6 +50,7 @@ def test_list_prints_registries(capsys):
     assert main(["--list", "modle"]) == 2
 
 
+@pytest.mark.proc
 def test_real_process_exit_code(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "mmvl_cli.run", "model=visual_bret", "datasets=sort_of_clevr",
@@ -73,6 +74,7 @@ def test_predict_writes_predictions_file(tmp_path):
     assert all(r["answer"] in (0, 1, 2) for r in rows)
 
 
+@pytest.mark.proc
 def test_world_size_mismatch_exit_2(tmp_path):
     env = dict(os.environ, RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                MASTER_PORT="29655")

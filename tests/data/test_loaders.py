@@ -54,6 +54,7 @@ def _order(batches: list[dict]) -> list[int]:
     return [i for b in batches for i in b["i"].tolist()]
 
 
+@pytest.mark.proc
 @pytest.mark.parametrize("workers,persistent", [(0, False), (2, False), (2, True)])
 def test_one_loader_every_epoch_reshuffled_and_resumable(workers, persistent):
     stream = _stream(workers=workers, persistent=persistent)
@@ -73,6 +74,7 @@ def test_one_loader_every_epoch_reshuffled_and_resumable(workers, persistent):
     assert _order(_take(_stream(), 6)) == epochs[0]  # the order is the seed's, whatever the workers
 
 
+@pytest.mark.proc
 def test_persistent_workers_see_each_epoch():
     """Persistent workers were started with the dataset of epoch 0; the epoch reaches them with the indices."""
     stream = _stream(EpochItems(), workers=2, persistent=True)

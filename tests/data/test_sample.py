@@ -221,6 +221,7 @@ def fresh_arenas(monkeypatch):
     monkeypatch.setattr(shm, "_MAPPED", {})
 
 
+@pytest.mark.proc
 def test_worker_batches_equal_in_process_collate(fresh_arenas):
     items = _rich_items(23)
     loader = DataLoader(items, batch_size=4, num_workers=2, collate_fn=collate, timeout=60)
@@ -234,6 +235,7 @@ def test_worker_batches_equal_in_process_collate(fresh_arenas):
             assert a["nested"]["ids"].untyped_storage().data_ptr() == a["feat"].untyped_storage().data_ptr()
 
 
+@pytest.mark.proc
 def test_held_batches_and_views_are_never_overwritten(fresh_arenas):
     items = _rich_items(40)
     loader = DataLoader(items, batch_size=2, num_workers=1, collate_fn=collate, persistent_workers=True,
@@ -251,6 +253,7 @@ def test_held_batches_and_views_are_never_overwritten(fresh_arenas):
     assert len(shm._MAPPED) < seen // 4  # arenas were reused, not one per batch
 
 
+@pytest.mark.proc
 def test_worker_side_changes_to_the_batch_travel_too(fresh_arenas):
     def collate_then_edit(items):
         batch = collate(items)

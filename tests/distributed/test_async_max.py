@@ -14,6 +14,7 @@ def _two_ranks(env) -> list[int]:
     return [p.result() for p in pending]
 
 
+@pytest.mark.proc
 def test_every_rank_reads_the_maximum():
     assert launch(_two_ranks, world_size=2, timeout=60) == [[5, 0], [5, 0]]
 

@@ -87,6 +87,7 @@ def _old_preemption_flag(env) -> dict[str, Any]:
     return {"stop": callback.on_update_end({})}
 
 
+@pytest.mark.proc
 def test_the_old_preemption_flag_passes_gloo_but_not_the_nccl_shim(launch):
     """The defect every CPU test missed: under gloo the flag works (every rank learns rank 1's signal);
     held to NCCL's rules it fails at the first update, as ddp/zero/fsdp on GPUs did."""
@@ -129,6 +130,7 @@ def _engines(shim) -> dict[str, Any]:
     return out
 
 
+@pytest.mark.proc
 def test_the_engine_takes_its_own_gpu_before_its_first_collective(launch):
     ranks = launch(_engines, world_size=2, timeout=180, claim="nccl", join=False)
     assert ranks[0]["old"] is None  # rank 0's GPU is GPU 0 anyway
@@ -159,6 +161,7 @@ def _trainer_run(env, root: str) -> dict[str, Any]:
             "val": trainer.evaluate("val")["toy"]["accuracy"]}
 
 
+@pytest.mark.proc
 def test_the_trainer_s_own_collectives_pass_the_nccl_shim(launch, tmp_path):
     """Loss checks, logging means, the preemption flag (started at update 4, read at 6), evaluation
     gathers, checkpoint RNG gathers: all on the rank's GPU."""

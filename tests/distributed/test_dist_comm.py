@@ -17,6 +17,7 @@ def ranks(dist_group):
     return plan_results(dist_group, "comm")
 
 
+@pytest.mark.proc
 def test_environment(ranks):
     """The group runs under the checking shim: NCCL claimed (each rank on its own GPU), gloo underneath."""
     for r, res in enumerate(ranks):
@@ -28,6 +29,7 @@ def test_environment(ranks):
         assert (res["comm_rank"], res["comm_world"], res["is_main"]) == (r, 2, r == 0)
 
 
+@pytest.mark.proc
 def test_all_gather_different_sizes(ranks):
     for res in ranks:
         zero, one = res["all_gather"]
@@ -37,6 +39,7 @@ def test_all_gather_different_sizes(ranks):
         assert res["all_gather_object"] == [{"rank": 0}, {"rank": 1}]
 
 
+@pytest.mark.proc
 def test_broadcast_honours_src(ranks):
     for res in ranks:
         assert res["broadcast_returned_same"]
@@ -44,12 +47,14 @@ def test_broadcast_honours_src(ranks):
         assert res["broadcast_object"] == {"sender": 1}
 
 
+@pytest.mark.proc
 def test_reduce_dict_is_the_mean_on_every_rank(ranks):
     for res in ranks:
         assert {k: v.item() for k, v in res["reduce_dict"].items()} == {"loss": 1.5, "acc": 1.0}
         assert res["all_reduce_mean"].tolist() == [0.5]
 
 
+@pytest.mark.proc
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_gather_for_metrics_equals_single_process(ranks, shuffle):
     # the sampler padded the odd set: 8 positions for 7 items
@@ -65,11 +70,13 @@ def test_gather_for_metrics_equals_single_process(ranks, shuffle):
         assert single_order == list(range(N_ODD))
 
 
+@pytest.mark.proc
 def test_seeds(ranks):
     assert not torch.equal(ranks[0]["per_rank_random"], ranks[1]["per_rank_random"])
     assert torch.equal(ranks[0]["init_random"], ranks[1]["init_random"])
 
 
+@pytest.mark.proc
 def test_collective_with_a_missing_rank_times_out(ranks):
     assert ranks[0]["timeout_error"] is not None
     assert TIMEOUT_S * 0.9 <= ranks[0]["waited_s"] < TIMEOUT_S + 10

@@ -11,6 +11,7 @@ from mmvl.distributed.strategies import build_strategy, resolve_strategy_name
 from mmvl.errors import UserError
 
 
+@pytest.mark.proc
 class TestDDP(StrategyContract):
     strategy = "ddp"
     cls_name = "DDPStrategy"

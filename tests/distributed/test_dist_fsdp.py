@@ -14,6 +14,7 @@ from mmvl.distributed.strategies.fsdp import FSDPStrategy
 from mmvl.errors import UserError
 
 
+@pytest.mark.proc
 class TestFSDP(StrategyContract):
     strategy = "fsdp"
     cls_name = "FSDPStrategy"
@@ -64,6 +65,7 @@ def _engine_param_dtypes(env, precision):
 
 @pytest.mark.parametrize("precision,dtype", [("bf16", "torch.bfloat16"),
                                              pytest.param("fp32", "None", marks=pytest.mark.slow)])
+@pytest.mark.proc
 def test_engine_precision_reaches_the_fsdp_policy(precision, dtype):
     from tests.distributed.dist_launch import launch
 

@@ -1,9 +1,11 @@
 """ZeRO on 2 gloo ranks (fairscale OSS+ShardedDDP, torch ZeroRedundancyOptimizer) equals one process."""
 from __future__ import annotations
 
+import pytest
 from dist_contract import StrategyContract, assert_params_close
 
 
+@pytest.mark.proc
 class TestZeroFairscale(StrategyContract):
     strategy = "zero_fairscale"
     cls_name = "ZeroFairscaleStrategy"
@@ -13,6 +15,7 @@ class TestZeroFairscale(StrategyContract):
         assert_params_close(ranks[0]["resumed_int_step"], ref["plain"])
 
 
+@pytest.mark.proc
 class TestZeroTorch(StrategyContract):
     strategy = "zero_torch"
     cls_name = "ZeroTorchStrategy"

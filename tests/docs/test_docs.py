@@ -155,6 +155,7 @@ def _params():
     return params
 
 
+@pytest.mark.proc
 @pytest.mark.parametrize("page, with_slow", _params())
 def test_page_runs(page, with_slow, tmp_path):
     run_page(page, tmp_path / "work", with_slow)
@@ -173,6 +174,7 @@ def test_every_page_is_linked_and_has_code_that_runs():
         assert (ROOT / link).exists(), f"README.md links the missing {link}"
 
 
+@pytest.mark.proc
 def test_harness_convention(tmp_path):
     """The harness itself: file blocks, tiny options around the page's own, output matching, failures."""
     page = tmp_path / "page.md"

@@ -36,9 +36,11 @@ def no_data(tmp_path):
     """``no_data(name, *overrides) -> (config, model_config)``: the tiny config with the dataset's
     sizes set by hand, so a model builds without generating data."""
     def get(name: str, *overrides: str):
+        sizes = [f"model_config.{name}.{key}={value}" for key, value in
+                 (("vocab_size", VOCAB_SIZE), ("num_labels", NUM_LABELS))
+                 if key in load_config([f"config={TINY / f'{name}.yaml'}"]).model_config[name]]  # clip: no labels
         config = load_config([f"config={TINY / f'{name}.yaml'}", f"env.data_dir={tmp_path}",
-                              f"env.save_dir={tmp_path}", f"model_config.{name}.vocab_size={VOCAB_SIZE}",
-                              f"model_config.{name}.num_labels={NUM_LABELS}", *overrides])
+                              f"env.save_dir={tmp_path}", *sizes, *overrides])
         return config, model_config(config, {})
 
     return get

@@ -74,6 +74,7 @@ class Row:
     vl: str | None = None  # run on this vision-and-language dataset (tiny concat_bert) instead of toy
     predict: bool = False  # mmvl_predict instead of mmvl_run
     slow: bool = False  # with the slow tests (the fast suite is near its budget)
+    proc: bool = False  # starts processes (DataLoader workers): in the proc tier
 
 
 def _corrupt_all(ctx: Ctx) -> None:
@@ -174,7 +175,7 @@ ROWS = [
     Row("image does not decode", lambda c: [], "cannot be decoded", vl="hateful_memes", fresh=True,
         prepare=lambda c: _break_images(c.root / "data/hateful_memes/img", range(1000, 1008))),
     Row("image does not decode in a DataLoader worker", lambda c: ["training.num_workers=1"],
-        ".png' cannot be decoded", vl="hateful_memes", fresh=True,
+        ".png' cannot be decoded", vl="hateful_memes", fresh=True, proc=True,
         prepare=lambda c: _break_images(c.root / "data/hateful_memes/img", range(1000, 1008))),
     Row("sort_of_clevr questions truncated", lambda c: _SOC, "train_questions.json has",
         vl="sort_of_clevr", fresh=True, slow=True, prepare=lambda c: _truncate(_soc(c) / "train_questions.json")),
@@ -309,8 +310,12 @@ def setup_row(row: Row, world: Path, root: Path) -> Ctx:
     return ctx
 
 
-@pytest.mark.parametrize("row", [pytest.param(r, marks=[pytest.mark.slow] if r.slow else []) for r in ROWS],
-                         ids=[r.id for r in ROWS])
+def _marks(row: Row) -> list:
+    """slow rows run with the slow tests; a row that uses DataLoader workers starts processes."""
+    return ([pytest.mark.slow] if row.slow else []) + ([pytest.mark.proc] if row.proc else [])
+
+
+@pytest.mark.parametrize("row", [pytest.param(r, marks=_marks(r)) for r in ROWS], ids=[r.id for r in ROWS])
 def test_bad_input_in_process(row, world, tmp_path, capsys):
     ctx = setup_row(row, world, tmp_path)
     before = snapshot(ctx.save)
@@ -356,6 +361,7 @@ def processes(world, tmp_path_factory):
     return out, results, ranks
 
 
+@pytest.mark.proc
 @pytest.mark.parametrize("name", list(PROCESS_ROWS))
 def test_bad_input_real_process(processes, name):
     out, results, _ = processes
@@ -367,6 +373,7 @@ def test_bad_input_real_process(processes, name):
         assert_unchanged(before, root / "save")
 
 
+@pytest.mark.proc
 def test_batch_not_divisible_by_world_size(processes):
     """2 real ranks, global batch 7: every rank exits 2 with one line naming the setting."""
     *_, ranks = processes

@@ -36,6 +36,7 @@ def _updates(root: Path) -> list[int]:
     return [json.loads(line)["update"] for line in lines if '"split": "train"' in line]
 
 
+@pytest.mark.proc
 def test_a_second_process_is_refused_and_this_process_may_lock_again(tmp_path):
     assert io.lock_dir(tmp_path) == io.lock_dir(tmp_path)  # the same process: its own lock
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from mmvl import io; "

@@ -42,8 +42,9 @@ def _trainer(tmp_path, *extra: str) -> Trainer:
 def test_the_builtins_are_the_listed_names_in_order(tmp_path):
     t = _trainer(tmp_path, "training.max_updates=2")
     listed = list(load_config(toy_opts(tmp_path)).training.builtin_callbacks)
-    # trackers and curves are off in the toy options (training.tensorboard/curves=false: no tracker left)
-    assert t.callback_keys == [n for n in listed if n not in ("trackers", "curves")]
+    # trackers and curves are off in the toy options (training.tensorboard/curves=false: no tracker left),
+    # ema too (training.ema.decay=0)
+    assert t.callback_keys == [n for n in listed if n not in ("trackers", "curves", "ema")]
 
 
 def test_naming_a_builtin_does_not_add_a_second_one(tmp_path):

@@ -136,6 +136,7 @@ def test_streaming_evaluation_equals_the_full_matrix_computation(tmp_path, soft,
     assert not [p for p in os.listdir(tmp_path / "save" / "predictions") if p.startswith(".")]
 
 
+@pytest.mark.proc
 def test_two_ranks_equal_one(tmp_path):
     one = {}
     for soft in (False, True):
@@ -189,6 +190,7 @@ def _prepare_on_two_ranks(env, root: str) -> dict:
     return {"built": built, "ids": builder.records("train").column("id").tolist()}
 
 
+@pytest.mark.proc
 def test_rank_zero_prepares_and_caches_while_the_others_wait(tmp_path):
     from tests.fixtures.vl_data import write_hateful_memes
 

@@ -51,6 +51,7 @@ def test_changed_lr_is_refused_with_the_keys_and_the_choices(tmp_path, capsys):
     assert sorted(os.listdir(tmp_path / "save" / "checkpoints")) == before  # nothing touched
 
 
+@pytest.mark.proc
 def test_safe_changes_resume_silently(tmp_path, capsys):
     assert main(_opts(tmp_path)) == 0
     longer = _opts(tmp_path, "training.max_updates=6", "training.log_interval=1", "training.num_workers=1",

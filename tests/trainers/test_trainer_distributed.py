@@ -70,6 +70,7 @@ def _check(tmp_path, single, strategies):
             torch.testing.assert_close(v, reference[k], atol=1e-5, rtol=0, msg=f"{s} world 2->1: {k}")
 
 
+@pytest.mark.proc
 def test_strategies_equal_single_and_resume(tmp_path, single):
     _check(tmp_path, single, CI_STRATEGIES)
 

@@ -154,9 +154,7 @@ class COCOCaptionsBuilder(FileDatasetBuilder):
         files, image_rows = self.tables(split)["images"].column("file_name"), records.column("image")
         rows = self.readable_rows(split, records, lambda row: images / files[int(image_rows[row])])
         records = records.take(rows) if rows is not None else records
-        ratio = float(self.cfg.get("negative_ratio", 0.5))
-        if not 0.0 <= ratio <= 1.0:
-            raise UserError(f"coco_captions: negative_ratio={ratio} must be in [0, 1].")
+        ratio = contrastive_ratio(self.cfg, "coco_captions")
         if ratio > 0 and len(np.unique(records.column("image_id"))) < 2:
             raise UserError(f"coco_captions {split}: negatives need captions of at least two images; "
                             "add images or set negative_ratio: 0.")
@@ -169,11 +167,30 @@ class COCOCaptionsBuilder(FileDatasetBuilder):
     def model_info(self) -> dict[str, int]:
         return {"vocab_size": int(self.text_processor.vocab_size), "num_labels": 2, **self.features_info()}
 
+    def collate(self, items: list[dict[str, Any]]) -> dict[str, Any]:
+        """With ``contrastive: true``, ``targets`` is each item's row in its batch: the column of its own
+        image among a two-tower model's [texts x images] scores (what recall@k reads)."""
+        batch = super().collate(items)
+        if self.cfg.get("contrastive"):
+            batch["targets"] = torch.arange(len(items))
+        return batch
+
     def predictions(self, data: dict[str, Any], scores: Any) -> list[dict[str, Any]]:
         """``[{"id", "match_proba"}]``: the probability that the pair matches."""
         ids = data.get("id", [])
         ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
         return [{"id": i, "match_proba": p} for i, p in zip(ids, positive_proba(scores).tolist())]
+
+
+def contrastive_ratio(cfg: Any, name: str) -> float:
+    """``negative_ratio``, checked: in [0, 1], and 0 when ``contrastive`` (every caption its own image's)."""
+    ratio = float(cfg.get("negative_ratio", 0.5))
+    if not 0.0 <= ratio <= 1.0:
+        raise UserError(f"{name}: negative_ratio={ratio} must be in [0, 1].")
+    if cfg.get("contrastive") and ratio > 0:
+        raise UserError(f"{name}: contrastive: true pairs every image with its own caption, but negative_ratio="
+                        f"{ratio}; set dataset_config.{name}.negative_ratio: 0.")
+    return ratio
 
 
 def positive_proba(scores: Any) -> torch.Tensor:

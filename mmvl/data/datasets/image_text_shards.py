@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Dataset
 
-from mmvl.data.datasets.coco_captions import COCOCaptionsBuilder
+from mmvl.data.datasets.coco_captions import COCOCaptionsBuilder, contrastive_ratio
 from mmvl.data.processors.image import TorchvisionTransforms
 from mmvl.data.shard_stream import ShardSource
 from mmvl.data import shards as sh
@@ -136,9 +136,7 @@ class ImageTextShardsBuilder(COCOCaptionsBuilder):
         return [sh.caption_of(raw) for path in self.shard_paths("train") for raw in sh.raw_samples(path)]
 
     def maker(self, split: str) -> SampleMaker:
-        ratio = float(self.cfg.get("negative_ratio", 0.5))
-        if not 0.0 <= ratio <= 1.0:
-            raise UserError(f"{self.name}: negative_ratio={ratio} must be in [0, 1].")
+        ratio = contrastive_ratio(self.cfg, self.name)
         masking = float(getattr(self.text_processor, "mask_probability", 0.0) or 0.0) > 0
         mask = masking and (split == "train" or bool(self.cfg.get("mask_eval", False)))
         paths = self.shard_paths(split)

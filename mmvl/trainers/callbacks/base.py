@@ -19,7 +19,8 @@ looking each other up.
 """
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from typing import Any, ContextManager
 
 from mmvl.trainers.state import TrainerProtocol
 
@@ -44,6 +45,11 @@ class Callback:
     def on_log(self, event: dict[str, Any]) -> None: ...
 
     def on_train_end(self) -> None: ...
+
+    def evaluating(self, split: str) -> ContextManager[None]:
+        """Entered around every evaluation of ``split`` (all callbacks', in list order), e.g. to put
+        other weights in the model for it (the ``ema`` callback)."""
+        return contextlib.nullcontext()
 
     def state_dict(self) -> dict[str, Any]:
         return {}

@@ -6,7 +6,7 @@ event (each loss, ``total_loss``, ``lr``, ``grad_norm``, throughput) at every ``
 the final metrics (the last ``train/total_loss`` and evaluation values: TensorBoard's hparams
 table, W&B's summary). The train event comes through ``on_log``, so no collective runs twice.
 
-Where (the README's quick start lists how to open each): TensorBoard in ``env.tensorboard_logdir``
+Where (docs/first_run.md shows how to open each): TensorBoard in ``env.tensorboard_logdir``
 (null: ``<save_dir>/tensorboard``), W&B in ``env.wandb_logdir`` (null: ``<save_dir>``)
 ``/wandb/offline-run-*`` without a key, MLflow in ``<save_dir>/mlruns``; the W&B project and MLflow
 experiment are ``training.tracker_project``, the run is named after the save folder. The trackers

@@ -219,6 +219,7 @@ class _Items(Dataset):
                 "env_pid": lmdb_store._ENVS[self.reader.path][0]}
 
 
+@pytest.mark.proc
 def test_reader_in_dataloader_workers_reopens_after_fork(store):
     path, src, _ = store
     reader = LMDBFeatureReader(path, max_features=8)

@@ -124,6 +124,7 @@ class _Features(Dataset):
         return {"id": key, **self.reader[key]}
 
 
+@pytest.mark.proc
 def test_views_through_dataloader_workers_and_collate(big):
     path, src = big
     reader = LMDBFeatureReader(path, max_features=ROWS)

@@ -56,6 +56,7 @@ def test_writer_counts_and_shuffle_order_is_a_permutation(shards):
         assert sorted(order) == list(range(30)) and (order == list(range(30))) == (size == 1)
 
 
+@pytest.mark.proc
 @pytest.mark.parametrize("workers", [0, 2])
 def test_an_epoch_sees_each_sample_once_and_skips_the_corrupt_one(shards, workers, caplog):
     s = stream(shards, workers)
@@ -91,6 +92,7 @@ def test_ranks_and_workers_split_the_shards_without_overlap_and_equal_batches_ev
     assert len({tuple(map(tuple, plans[e, 0].shards)) for e in range(6)}) > 1
 
 
+@pytest.mark.proc
 def test_the_plan_ignores_the_global_rngs_a_rank_was_seeded_with(shards):
     """The Trainer seeds each rank with seed + rank before building its stream; the plan and each
     worker's shuffle must not notice, and reading ``batches_per_epoch`` batches per epoch on each rank
@@ -112,6 +114,7 @@ def test_the_plan_ignores_the_global_rngs_a_rank_was_seeded_with(shards):
         assert len(ids) == len(set(ids)) and len(ids) >= 50 - 1 - 2 * 2 * 3  # the corrupt one, the remainder
 
 
+@pytest.mark.proc
 @pytest.mark.parametrize("workers,stop", [(0, 5), (2, 7), (2, 14)])
 def test_resume_from_state_is_bitwise_the_uninterrupted_stream(shards, workers, stop):
     reference = stream(shards, workers)

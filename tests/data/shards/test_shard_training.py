@@ -43,6 +43,7 @@ def opts(data, save: Path, updates: int, *extra: str) -> list[str]:
     return out + [f"{m}.{k}={v}" for k, v in TINY.items()] + list(extra)
 
 
+@pytest.mark.proc
 def test_visual_bert_pretrains_on_shards(data, tmp_path):
     from mmvl.config import load_config
     from mmvl.trainers import run

@@ -9,7 +9,10 @@ MMF's transformer models. Embedding tables do decay (also the BERT convention).
 A model's ``lr_multipliers()`` (parameter-name prefix -> factor) puts those
 parameters in groups whose lr is the base lr times the factor (e.g. a pretrained
 text encoder at 0.1x); a model that needs its own grouping altogether defines
-``get_optimizer_parameters(config) -> list[param group dict]``. Frozen parameters
+``get_optimizer_parameters(config) -> list[param group dict]``. The config adds names that never
+decay (``optimizer.no_weight_decay``: ``logit_scale``, ``logit_bias``), per-part learning rates
+(``optimizer.param_groups``) and layer-wise lr decay (``optimizer.layer_decay``): see
+:mod:`mmvl.optim.groups`. Frozen parameters
 (``requires_grad=False``, e.g. ``model_config.<model>.freeze``) join no group, so they hold no
 optimizer state. Adam, AdamW and SGD get torch's fused implementation by default wherever torch
 has it (:func:`implementation_default`): under fp16 the grad scaler then skips a non-finite
@@ -33,6 +36,7 @@ from mmvl.config.access import config_value, plain
 from mmvl.config.components import bind_params, component_spec
 from mmvl.config.schema import LR_SCALINGS
 from mmvl.errors import UserError, did_you_mean
+from mmvl.optim.groups import NO_DECAY_NAMES, param_groups
 from mmvl.registry import OPTIMIZERS, SCHEDULERS, register_optimizer, register_scheduler
 
 log = logging.getLogger("mmvl")
@@ -43,55 +47,6 @@ register_optimizer("sgd", torch.optim.SGD)
 
 #: global batch size at which the configured lr is used unchanged
 LR_SCALING_BASE_BATCH_SIZE = 256
-
-
-def _is_norm(module: torch.nn.Module) -> bool:
-    norm_types = (torch.nn.LayerNorm, torch.nn.GroupNorm, torch.nn.modules.batchnorm._NormBase,
-                  getattr(torch.nn, "RMSNorm", torch.nn.LayerNorm))
-    return isinstance(module, norm_types) or "Norm" in type(module).__name__
-
-
-def _strip_wrappers(name: str) -> str:
-    """``module.bert.x`` -> ``bert.x``: names as the single-device model has them."""
-    for prefix in ("module.", "_orig_mod.", "_fsdp_wrapped_module."):
-        while name.startswith(prefix):
-            name = name[len(prefix):]
-    return name
-
-
-def _multiplier(name: str, multipliers: Mapping[str, float]) -> float:
-    matches = [p for p in multipliers if name == p or name.startswith(p + ".")]
-    return float(multipliers[max(matches, key=len)]) if matches else 1.0
-
-
-def param_groups(model: torch.nn.Module, weight_decay: float | None = None,
-                 multipliers: Mapping[str, float] | None = None) -> list[dict[str, Any]]:
-    """Split trainable parameters into decay / no_decay groups (empty groups dropped).
-
-    ``weight_decay=None`` leaves the decay group on the optimizer's default. With
-    ``multipliers`` each group is further split by lr factor (``lr_multiplier`` key).
-    """
-    groups: dict[tuple[bool, float], list[torch.nn.Parameter]] = {}
-    seen: set[int] = set()
-    for module_name, module in model.named_modules():
-        for name, p in module.named_parameters(recurse=False):
-            if not p.requires_grad or id(p) in seen:
-                continue
-            seen.add(id(p))
-            full = _strip_wrappers(f"{module_name}.{name}" if module_name else name)
-            no_decay = _is_norm(module) or name.endswith("bias")
-            groups.setdefault((no_decay, _multiplier(full, multipliers or {})), []).append(p)
-    result = []
-    for (no_decay, mult), params in sorted(groups.items()):
-        group: dict[str, Any] = {"params": params, "group": "no_decay" if no_decay else "decay"}
-        if no_decay:
-            group["weight_decay"] = 0.0
-        elif weight_decay is not None:
-            group["weight_decay"] = float(weight_decay)
-        if mult != 1.0:
-            group["lr_multiplier"] = mult
-        result.append(group)
-    return result
 
 
 def trainable_only(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -216,13 +171,13 @@ def build_optimizer(model: torch.nn.Module, config: Any,
     if callable(custom):
         groups = trainable_only(custom(config))
     else:
-        groups = param_groups(model, params.get("weight_decay"), _lr_multipliers(model))
-        for group in groups:
-            if "lr_multiplier" in group:
-                if "lr" not in params:
-                    raise UserError("the model asks for per-part learning rates (lr_multipliers) but "
-                                    "optimizer.params.lr is not set; give a base lr.")
-                group["lr"] = params["lr"] * group["lr_multiplier"]
+        no_decay = opt_cfg.get("no_weight_decay")
+        groups = param_groups(model, params.get("weight_decay"), _lr_multipliers(model), opt_cfg.get("param_groups"),
+                              NO_DECAY_NAMES if no_decay is None else list(no_decay),
+                              float(opt_cfg.get("layer_decay") or 1.0), params.get("lr"))
+        if any("lr_multiplier" in g for g in groups) and "lr" not in params:
+            raise UserError("per-part learning rates (the model's lr_multipliers, optimizer.param_groups or "
+                            "optimizer.layer_decay) need optimizer.params.lr; give a base lr.")
     if not groups:
         raise UserError(f"optimizer {name!r}: the model has no trainable parameters; freeze fewer parts "
                         "(model_config.<model>.freeze) or check the image encoder's freeze flag.")
