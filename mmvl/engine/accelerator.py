@@ -1,6 +1,6 @@
-"""``Accelerator`` members the Engine inherits: process queries, printing, collectives, triggers,
-checkpoint folders. Each is written on the Engine's own pieces (its env, strategy, checkpointables
-and prepared loaders), under Accelerate's name and meaning.
+"""``Accelerator`` members the Engine inherits: collectives, triggers, gradients, trackers and
+checkpoint folders (process queries: :mod:`mmvl.engine.members`). Each is written on the Engine's own
+pieces (its env, strategy, checkpointables and prepared loaders), under Accelerate's name and meaning.
 """
 from __future__ import annotations
 
@@ -8,133 +8,39 @@ import contextlib
 import gc
 import os
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import torch
 
 from mmvl import io, tracking
 from mmvl.checkpoint import schema
 from mmvl.distributed import comm
-from mmvl.engine.accelerate import MIXED_PRECISION, DistributedType
+from mmvl.engine import nested
+from mmvl.engine.accelerate import DistributedType
+from mmvl.engine.plugins import GradientState
 from mmvl.engine.loaders import PreparedLoader, SkippedLoader
-from mmvl.engine.prepared import inner
+from mmvl.engine.members import ProcessMembers
+from mmvl.engine.prepared import inner, sync_in_backward
 from mmvl.errors import UserError
 
-_NAMES = {v: k for k, v in MIXED_PRECISION.items()}
-
-
-class AcceleratorMembers:
+class AcceleratorMembers(ProcessMembers):
     """Mixed into :class:`mmvl.engine.Engine`; reads ``env``, ``strategy``, ``checkpointables``."""
 
     env: Any
     strategy: Any
     precision: str
     gradient_accumulation: int
-    #: the prepared loader that yielded the latest batch (gather_for_metrics and accumulate read it)
-    active_loader: PreparedLoader | None = None
     project_dir: str | None = None
     log_with: list[Any]
     trackers: list[tracking.Tracker]
 
-    # -- processes ----------------------------------------------------------------
-    @property
-    def num_processes(self) -> int:
-        return self.env.world_size
+    gradient_state: GradientState
+    _loaders: list[PreparedLoader]
 
     @property
-    def process_index(self) -> int:
-        return self.env.rank
-
-    @property
-    def local_process_index(self) -> int:
-        return self.env.local_rank
-
-    @property
-    def is_local_main_process(self) -> bool:
-        return self.env.local_rank == 0
-
-    @property
-    def is_last_process(self) -> bool:
-        return self.env.rank == self.env.world_size - 1
-
-    @property
-    def use_distributed(self) -> bool:
-        return self.env.world_size > 1
-
-    @property
-    def distributed_type(self) -> DistributedType:
-        name = self.strategy.name
-        if name == "fsdp":
-            return DistributedType.FSDP
-        if name == "single" or (self.env.world_size == 1 and name != "dp"):
-            return DistributedType.NO
-        return DistributedType.MULTI_GPU if self.env.device.type == "cuda" else DistributedType.MULTI_CPU
-
-    @property
-    def mixed_precision(self) -> str:
-        """``no``, ``fp16`` or ``bf16``: Accelerate's name for ``precision``."""
-        return _NAMES[self.precision]
-
-    @property
-    def gradient_accumulation_steps(self) -> int:
-        return self.gradient_accumulation
-
-    @gradient_accumulation_steps.setter
-    def gradient_accumulation_steps(self, steps: int) -> None:
-        if int(steps) < 1:
-            raise UserError(f"gradient_accumulation_steps={steps} must be >= 1.")
-        self.gradient_accumulation = int(steps)
-
-    def print(self, *args: Any, **kwargs: Any) -> None:
-        """``print`` on the local main process only."""
-        if self.is_local_main_process:
-            print(*args, **kwargs)
-
-    @contextlib.contextmanager
-    def main_process_first(self) -> Iterator[None]:
-        """Rank 0 runs the block first (e.g. to build a cache), the others after it."""
-        with self._first(self.env.rank == 0):
-            yield
-
-    @contextlib.contextmanager
-    def local_main_process_first(self) -> Iterator[None]:
-        with self._first(self.env.local_rank == 0):
-            yield
-
-    @contextlib.contextmanager
-    def _first(self, leader: bool) -> Iterator[None]:
-        if not leader:
-            comm.synchronize()
-        yield
-        if leader:
-            comm.synchronize()
-
-    def on_main_process(self, function: Callable) -> Callable:
-        return self.on_process(function, 0)
-
-    def on_local_main_process(self, function: Callable) -> Callable:
-        def run(*args: Any, **kwargs: Any) -> Any:
-            return function(*args, **kwargs) if self.is_local_main_process else None
-        return run
-
-    def on_last_process(self, function: Callable) -> Callable:
-        return self.on_process(function, self.env.world_size - 1)
-
-    def on_process(self, function: Callable | None = None, process_index: int | None = None) -> Callable:
-        """Decorator: run ``function`` on rank ``process_index`` only (None elsewhere)."""
-        if function is None:
-            return lambda f: self.on_process(f, process_index)
-        if process_index is None:
-            raise UserError("on_process(function, process_index): name the rank to run on.")
-
-        def run(*args: Any, **kwargs: Any) -> Any:
-            return function(*args, **kwargs) if self.env.rank == process_index else None
-        return run
-
-    @contextlib.contextmanager
-    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
-        """This rank's contiguous part of ``inputs`` (a list, tuple, tensor or dict of them)."""
-        yield _split(inputs, self.env.rank, self.env.world_size, apply_padding)
+    def active_loader(self) -> PreparedLoader | None:
+        """The prepared loader whose epoch is running (the innermost; gather_for_metrics reads it)."""
+        return self.gradient_state.active_dataloader
 
     def end_training(self) -> None:
         """The trackers flush and close (main process), then every rank meets and leaves the
@@ -150,45 +56,60 @@ class AcceleratorMembers:
 
     # -- collectives -------------------------------------------------------------------
     def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
-        """``tensor`` (or a dict/list of them) summed or averaged over ranks, times ``scale``."""
-        if reduction not in ("sum", "mean", "none"):
-            raise UserError(f"reduce(reduction={reduction!r}) is not one of sum, mean, none.")
-        if isinstance(tensor, dict):
-            return {k: self.reduce(v, reduction, scale) for k, v in tensor.items()}
-        if isinstance(tensor, (list, tuple)):
-            return type(tensor)(self.reduce(v, reduction, scale) for v in tensor)
-        if reduction == "none":
-            return tensor * scale
-        out = comm.all_reduce(tensor.clone()) * scale
-        return out / self.env.world_size if reduction == "mean" else out
+        """``tensor`` (or a tuple, list, dict of them) summed or averaged over ranks, times ``scale``."""
+        return nested.reduce(tensor, reduction, scale)
 
     def pad_across_processes(self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
-        """``tensor`` padded along ``dim`` to the longest size over ranks (so ``gather`` can join them)."""
-        if isinstance(tensor, dict):
-            return {k: self.pad_across_processes(v, dim, pad_index, pad_first) for k, v in tensor.items()}
-        if isinstance(tensor, (list, tuple)):
-            return type(tensor)(self.pad_across_processes(v, dim, pad_index, pad_first) for v in tensor)
-        if tensor.dim() == 0:
-            return tensor
-        size = torch.tensor([tensor.shape[dim]], device=tensor.device)
-        longest = int(comm.all_reduce(size, op="max").item())
-        if longest == tensor.shape[dim]:
-            return tensor
-        shape = list(tensor.shape)
-        shape[dim] = longest - tensor.shape[dim]
-        pad = tensor.new_full(shape, pad_index)
-        return torch.cat([pad, tensor] if pad_first else [tensor, pad], dim=dim)
+        """``tensor`` (or each of a tuple, list, dict) padded along ``dim`` to the longest size over ranks."""
+        return nested.pad_across_processes(tensor, dim, pad_index, pad_first)
 
     def gather_for_metrics(self, data: Any, num_samples: int | None = None, use_gather_object: bool = False) -> Any:
-        """Every rank's ``data`` joined in dataset order, without the samples the prepared loader
-        repeated to even out the ranks (counted from the loader that yielded the batch)."""
-        if num_samples is None and self.active_loader is not None:
-            num_samples = self.active_loader.real_in_batch
-        if use_gather_object and not isinstance(data, (list, tuple, dict)):
-            data = [data]
-        if isinstance(data, (list, tuple)) and data and all(isinstance(d, torch.Tensor) for d in data):
-            return type(data)(comm.gather_for_metrics(d, num_samples) for d in data)  # (predictions, labels)
-        return comm.gather_for_metrics(data, num_samples)
+        """Every rank's ``data`` joined in the order of the loader's global batch, without the
+        samples the prepared loader repeated to even out the ranks (counted from the loader whose
+        epoch is running; ``num_samples`` overrides it)."""
+        real = num_samples
+        if real is None and self.active_loader is not None:
+            real = self.active_loader.real_in_batch
+        if use_gather_object:
+            parts = nested.gather_object(data if isinstance(data, (list, tuple)) else [data])
+            return parts if real is None else parts[:real]
+        return nested.gather_for_metrics(data, real)
+
+    @contextlib.contextmanager
+    def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None = None) -> Iterator[None]:
+        """Let ranks with fewer batches finish while the others run their last ones (torch's
+        ``Join`` over the DDP models in ``joinables``, when the loaders are not even); ``even_batches``
+        overrides the prepared loaders' setting inside the block (map-style loaders only)."""
+        import warnings
+
+        from torch.distributed.algorithms.join import Join
+
+        loaders = list(self._loaders)
+        saved = []
+        if even_batches is not None:
+            if any(loader.iterable for loader in loaders):
+                warnings.warn("join_uneven_inputs(even_batches=...) is only supported for map-style datasets; "
+                              "the iterable loaders keep their setting.", UserWarning, stacklevel=3)
+            for loader in loaders:
+                if not loader.iterable:
+                    saved.append((loader, loader.shard.even_batches))
+                    loader.shard.even_batches = even_batches
+        try:
+            if self.distributed_type in (DistributedType.MULTI_GPU, DistributedType.MULTI_CPU):
+                ddp = [j for j in joinables if isinstance(j, torch.nn.parallel.DistributedDataParallel)]
+                even = self.dataloader_config.even_batches if even_batches is None else even_batches
+                # even loaders need no joining (every rank runs as many steps): Join's per-step check is skipped
+                with Join(ddp, enable=not even, throw_on_early_termination=False) if ddp else contextlib.nullcontext():
+                    yield
+            else:
+                if self.distributed_type != DistributedType.NO:
+                    warnings.warn("join_uneven_inputs is only supported for multi-GPU/multi-CPU data parallelism "
+                                  f"(this run: {self.distributed_type.value}); the block runs as is.", UserWarning,
+                                  stacklevel=3)
+                yield
+        finally:
+            for loader, even in saved:
+                loader.shard.even_batches = even
 
     # -- triggers, gradients ---------------------------------------------------------
     def set_trigger(self) -> None:
@@ -220,6 +141,10 @@ class AcceleratorMembers:
         """Gradients of the block are not communicated (the strategy's ``no_sync``)."""
         return self.strategy.no_sync(model)
 
+    def trigger_sync_in_backward(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
+        """The block's backward communicates gradients though earlier forwards ran under ``no_sync``."""
+        return sync_in_backward(model)
+
     def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> SkippedLoader:
         """The prepared ``dataloader``'s epoch from batch ``num_batches`` on (after ``load_state``,
         the restored epoch: skipping the restored count lands where the loader already is)."""
@@ -228,12 +153,22 @@ class AcceleratorMembers:
                             f"got {type(dataloader).__name__}. Pass it through prepare() first.")
         return SkippedLoader(dataloader, num_batches)
 
+    def unscale_gradients(self, optimizer: Any = None) -> None:
+        """Under fp16, divide the gradients by the loss scale now (once an update; clipping does it
+        itself); nothing to do in other precisions."""
+        self._unscale()
+
+    def clear(self, *objects: Any) -> list[None]:
+        """Accelerate's other name for :meth:`free_memory`."""
+        return self.free_memory(*objects)
+
     def free_memory(self, *objects: Any) -> list[None]:
         """Forget what ``prepare`` saw (so a retry prepares afresh) and release cached memory."""
         self._prepared.clear()
         for name in [schema.MODEL, schema.SCHEDULER, *self._loader_names]:
             self.checkpointables.unregister(name)
-        self._loader_names, self.active_loader, self._micro_step = [], None, 0
+        self._loader_names, self._loaders, self._micro_step = [], [], 0
+        self.gradient_state.dataloader_references.clear()
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
@@ -289,9 +224,10 @@ class AcceleratorMembers:
         """Restore what :meth:`save_state` wrote: loaders continue mid-epoch where they stopped."""
         source = Path(self._state_dir(input_dir, new=False))
         problem = io.completeness_problem(source) if source.is_dir() else "it is not a folder"
-        if problem is not None:
-            raise UserError(f"load_state({str(source)!r}): not a complete save_state folder ({problem}); "
-                            "pass a folder save_state wrote.")
+        if problem is not None:  # on any rank: every rank raises (none waits in load_state_dict's collectives)
+            problem = (f"load_state({str(source)!r}): not a complete save_state folder ({problem}); pass a folder "
+                       "save_state wrote (on a file system every process sees).")
+        comm.all_ranks_agreed(problem, "load the state")
         self.load_state_dict(io.safe_load(source / schema.ENGINE_STATE, expect_keys=(schema.FORMAT,)))
 
     def _state_dir(self, directory: str | os.PathLike[str] | None, new: bool) -> str | os.PathLike[str]:
@@ -343,19 +279,6 @@ class AcceleratorMembers:
             return None
         started = ", ".join(t.name for t in self.trackers) or "none (call init_trackers first)"
         raise UserError(f"get_tracker({name!r}): no such tracker was started; started: {started}.")
-
-
-def _split(inputs: Any, rank: int, world: int, pad: bool) -> Any:
-    if isinstance(inputs, dict):
-        return {k: _split(v, rank, world, pad) for k, v in inputs.items()}
-    n = len(inputs)
-    per, extra = divmod(n, world)
-    start = rank * per + min(rank, extra)
-    part = inputs[start:start + per + (rank < extra)]
-    if pad and extra and rank >= extra and n:  # every rank as many items: repeat the last one
-        last = inputs[-1:]
-        part = torch.cat([part, last]) if isinstance(part, torch.Tensor) else part + type(part)(last)
-    return part
 
 
 __all__ = ["AcceleratorMembers"]

@@ -45,10 +45,12 @@ from mmvl.data.sample import to_device
 from mmvl.distributed import comm
 from mmvl.distributed.env import DistEnv
 from mmvl.distributed.strategies.base import Strategy
-from mmvl.engine import state as engine_state
+from mmvl.engine import nested, state as engine_state
 from mmvl.engine.accelerate import accelerate_keywords, autocast_forward, launched_accumulation, launched_precision
 from mmvl.engine.accelerator import AcceleratorMembers
 from mmvl.engine.loaders import PreparedLoader
+from mmvl.engine.process import AcceleratorState
+from mmvl.engine.plugins import GradientState, accumulation_plugin, dataloader_configuration, plugin_steps
 from mmvl.engine.prepared import PreparedOptimizer, PreparedScheduler, inner, rebind_scheduler
 from mmvl.errors import UserError
 from mmvl import tracking
@@ -68,12 +70,19 @@ class Engine(AcceleratorMembers):
                  strategy: str | Strategy | None = None, device: str | torch.device | None = None,
                  prefetch: bool | None = None, mixed_precision: str | None = None, cpu: bool = False,
                  gradient_accumulation_steps: int | None = None, project_dir: str | os.PathLike[str] | None = None,
-                 log_with: Any = None):
+                 log_with: Any = None, dataloader_config: Any = None, gradient_accumulation_plugin: Any = None):
         """``device``: ``auto`` (CUDA when present), ``cpu``, ``cuda`` or ``cuda:N`` (one process),
         as ``training.device``; ``prefetch``: as ``training.prefetch`` (default true);
         ``project_dir``: where ``save_state()`` without a folder writes ``checkpoints/checkpoint_<n>``
         and trackers write their files; ``log_with``: ``"all"``, a tracker name or a list (see
-        :mod:`mmvl.tracking`)."""
+        :mod:`mmvl.tracking`); ``dataloader_config``/``gradient_accumulation_plugin``: how loaders are
+        sharded and micro-steps counted (:mod:`mmvl.engine.plugins`; Accelerate's objects too)."""
+        #: how ``prepare`` shards loaders (read when a loader is prepared; may be replaced in between)
+        self.dataloader_config = dataloader_configuration(dataloader_config)
+        plugin = accumulation_plugin(gradient_accumulation_plugin)
+        gradient_accumulation_steps = plugin_steps(plugin, gradient_accumulation_steps)
+        #: the loop's shared state: active loader, its end, whether this micro-step syncs
+        self.gradient_state = GradientState(plugin)
         precision, gradient_accumulation, device = accelerate_keywords(
             precision=precision, gradient_accumulation=gradient_accumulation, mixed_precision=mixed_precision,
             gradient_accumulation_steps=gradient_accumulation_steps, cpu=cpu, device=device)
@@ -85,6 +94,9 @@ class Engine(AcceleratorMembers):
         self.log_with = tracking.resolve(log_with, f"Engine(log_with={log_with!r})")
         self.trackers: list[tracking.Tracker] = []
         self._loader_names: list[str] = []
+        self._loaders: list[PreparedLoader] = []  # what join_uneven_inputs overrides
+        #: Accelerate's schedule rule for a script's Engine (made without a config): see PreparedScheduler
+        self.scheduler_per_process = config is None
         config = config if config is not None else OmegaConf.create({})
         if device is not None:
             if env is not None:
@@ -103,13 +115,13 @@ class Engine(AcceleratorMembers):
         self.strategy = strategy if isinstance(strategy, Strategy) else _build_strategy(
             config, self.env, strategy, self._dtype)
         self.scaler = self.strategy.make_grad_scaler(self.precision == "fp16")
+        self._generation = AcceleratorState._set(self.env, self._strategy_distributed_type(), self.mixed_precision)
         self.prefetch = bool(training.prefetch if prefetch is None else prefetch)
         self.compile = bool(training.compile)
         self.compile_backend = str(training.compile_backend or "inductor")
         if self.compile and self.strategy.name == "dp":
             raise UserError("training.compile=true does not work with distributed.strategy=dp (its replicas "
                             "would share one compiled forward); use ddp (torchrun) or training.compile=false.")
-        self.sync_gradients = True
         self._micro_step = 0
         #: fp16: the prepared optimizer's gradients were unscaled for clipping in this update
         self.grads_unscaled = False
@@ -122,6 +134,15 @@ class Engine(AcceleratorMembers):
 
     # -- properties ---------------------------------------------------------
     @property
+    def sync_gradients(self) -> bool:
+        """Whether this micro-step ends an update (the optimizer steps; gradients are communicated)."""
+        return self.gradient_state.sync_gradients
+
+    @sync_gradients.setter
+    def sync_gradients(self, value: bool) -> None:
+        self.gradient_state.sync_gradients = bool(value)
+
+    @property
     def device(self) -> torch.device:
         return self.env.device
 
@@ -129,13 +150,8 @@ class Engine(AcceleratorMembers):
     def is_main_process(self) -> bool:
         return self.env.is_main_process
 
-    @property
-    def rank(self) -> int:
-        return self.env.rank
-
-    @property
-    def world_size(self) -> int:
-        return self.env.world_size
+    rank = property(lambda self: self.env.rank, doc="this process's rank")
+    world_size = property(lambda self: self.env.world_size, doc="the number of processes")
 
     @property
     def prepared_model(self) -> torch.nn.Module | None:
@@ -150,6 +166,7 @@ class Engine(AcceleratorMembers):
     # -- set-up ---------------------------------------------------------------
     def prepare(self, *objs: Any) -> Any:
         """Move/wrap models, wrap optimizers, schedulers and data loaders, in the order given."""
+        AcceleratorState._check(self._generation)
         model = next((o for o in objs if isinstance(o, torch.nn.Module)), None)
         optimizer = next((o for o in objs if isinstance(o, torch.optim.Optimizer)), None)
         wrapped_model, new_opt = None, None
@@ -191,23 +208,28 @@ class Engine(AcceleratorMembers):
     def _prepare_loader(self, loader: torch.utils.data.DataLoader) -> PreparedLoader:
         """This rank's shard of ``loader``, its position saved with the state (see :mod:`mmvl.engine.loaders`).
         The run's seed is rank 0's torch seed (``set_seed``'s), so every rank draws the same orders."""
-        prepared = PreparedLoader(self, loader, comm.broadcast_object(torch.initial_seed()))
+        config = self.dataloader_config = dataloader_configuration(self.dataloader_config)
+        seed = config.data_seed if config.data_seed is not None else comm.broadcast_object(torch.initial_seed())
+        prepared = PreparedLoader(self, loader, seed, config)
         name = schema.loader_name(len(self._loader_names))
         self._loader_names.append(name)
+        self._loaders.append(prepared)
         self.checkpointables.register(name, prepared)
         return prepared
 
     # -- per step ---------------------------------------------------------
     @contextlib.contextmanager
     def accumulate(self, model: torch.nn.Module) -> Iterator[None]:
-        """One micro-step; gradients are communicated only on the last of each group."""
+        """One micro-step; gradients are communicated only on the last of each group (on every one
+        with ``sync_each_batch``; the optimizer still steps only at the group's end)."""
         self._micro_step += 1
-        loader = self.active_loader
-        last = loader is not None and loader.end_of_epoch  # not bool(loader): a stream's loader has no len()
+        state = self.gradient_state
+        last = state.sync_with_dataloader and state.end_of_dataloader
         self.sync_gradients = self._micro_step % self.gradient_accumulation == 0 or last
         if last:  # as Accelerate: the epoch's last batch always syncs
             self._micro_step = 0
-        ctx = contextlib.nullcontext() if self.sync_gradients else self.strategy.no_sync(model)
+        communicate = self.sync_gradients or state.sync_each_batch
+        ctx = contextlib.nullcontext() if communicate else self.strategy.no_sync(model)
         with ctx:
             yield
 
@@ -251,15 +273,13 @@ class Engine(AcceleratorMembers):
         return self.strategy.clip_grad_norm_(model, opt, float(max_norm))
 
     def to_device(self, batch: Any) -> Any:
-        if self.device.type == "cpu":  # batches come from host memory: nothing to move (or walk through)
-            return batch
-        return to_device(batch, self.device)
+        return batch if self.device.type == "cpu" else to_device(batch, self.device)  # CPU: nothing to move
 
     # -- collectives ------------------------------------------------------------
-    def gather(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Every rank's ``tensor`` concatenated along dim 0 (scalars are stacked)."""
-        parts = comm.all_gather(tensor.reshape(1) if tensor.dim() == 0 else tensor)
-        return torch.cat(parts)
+    def gather(self, tensor: Any) -> Any:
+        """Every rank's ``tensor`` concatenated along dim 0 (scalars are stacked); a tuple, list or
+        dict of tensors (nested) is gathered leaf by leaf, keeping its shape."""
+        return nested.gather(tensor)
 
     def wait_for_everyone(self) -> None:
         comm.synchronize()

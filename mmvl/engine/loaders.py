@@ -4,130 +4,33 @@ The user's loader is rebuilt with every one of its settings (workers, ``worker_i
 ``persistent_workers``, ``prefetch_factor``, ``timeout``, ``multiprocessing_context``, collate,
 pinning, ``drop_last``) around a sharded form of *its own* sampler or batch sampler:
 
-- a sampler (the default ``batch_size=`` loaders): each epoch's global order is the user's
-  sampler's, padded to a multiple of the world size, and rank r takes positions r, r+W, ...
-  (as ``DistributedSampler``): a global batch at W ranks of B holds what one process's batch
-  of W*B holds;
-- a ``batch_sampler``: every batch it yields is a global batch, split the same way between ranks;
-- an ``IterableDataset``: rank r takes items r, r+W, ... of the stream.
+how it is divided between the processes is :mod:`mmvl.engine.shards`' (Accelerate's: one step's
+batches over the ranks, concatenated, are the single-process run's batch of W times the size).
 
-Resuming follows :mod:`mmvl.data.loaders`' design: each epoch's order is a function of (seed,
-epoch) only, so the state is ``{epoch, batch, seed}`` and a resume re-derives the order and skips
-the consumed batches' indices without reading them. The sampler is drawn with the global torch
-RNG forked and seeded per epoch (and the user's ``generator`` re-seeded per epoch from its own
-seed), so ranks agree on the order, each epoch is a new one, and the run's RNG is not touched.
-Worker seeds come from the loader's own generator re-seeded per (seed, epoch, rank).
+Resuming: each epoch's order is drawn from the user sampler's own ``generator`` when it has one (as
+a plain DataLoader draws, rank 0's state given to every rank), its state at the epoch's start kept
+in the loader's state; otherwise the order is a function of (seed, epoch) only. So the state is
+``{epoch, batch, seed[, generator]}`` and a resume re-derives the epoch's order and skips the
+consumed batches without reading them. Worker seeds come from the loader's own generator re-seeded
+per (seed, epoch, rank).
 """
 from __future__ import annotations
 
-import math
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
-from torch.utils.data import DataLoader, IterableDataset, Sampler
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
-from mmvl.data.loaders import epoch_seed, worker_seed
+from mmvl.data.loaders import worker_seed
+from mmvl.distributed import comm
+from mmvl.engine.plugins import DataLoaderConfiguration, GradientState
 from mmvl.engine.prepared import DeviceLoader
+from mmvl.engine.shards import RankBatches, SeedableRandomSampler, ShardedIterable, seedable
 from mmvl.errors import UserError
 
 if TYPE_CHECKING:
     from mmvl.engine.core import Engine
-
-
-def _pad(items: list[Any], multiple: int) -> list[Any]:
-    """``items`` extended by repeating it from the start to a length divisible by ``multiple``."""
-    if not items or len(items) % multiple == 0:
-        return items
-    target = math.ceil(len(items) / multiple) * multiple
-    return (items * math.ceil(target / len(items)))[:target]
-
-
-def _draw(source: Any, seed: int, epoch: int, generator_seed: int | None) -> list[Any]:
-    """One epoch of ``source`` (a sampler or batch sampler), the same on every rank for (seed, epoch)."""
-    inner = getattr(source, "sampler", source)
-    if callable(getattr(source, "set_epoch", None)):
-        source.set_epoch(epoch)
-    with torch.random.fork_rng(devices=[]):
-        # the CPU generator only (what samplers draw from), restored on leaving: torch.manual_seed would
-        # also reseed every accelerator's RNG (not restored here) and costs ~0.5 ms an epoch doing it
-        torch.default_generator.manual_seed(epoch_seed(seed, epoch))
-        generator = getattr(inner, "generator", None)
-        if isinstance(generator, torch.Generator) and generator_seed is not None:
-            generator.manual_seed(epoch_seed(generator_seed, epoch))
-        return list(iter(source))
-
-
-class ShardedSampler(Sampler[int]):
-    """This rank's indices of the user's sampler for one epoch, from position ``start`` on."""
-
-    def __init__(self, sampler: Sampler, rank: int, world_size: int, seed: int, generator_seed: int | None):
-        self.sampler, self.rank, self.world_size = sampler, rank, world_size
-        self.seed, self.generator_seed = seed, generator_seed
-        self.epoch, self.start, self._order = 0, 0, None
-
-    def set_epoch(self, epoch: int, start: int = 0) -> None:
-        self.epoch, self.start = epoch, start
-        self._order = _pad(_draw(self.sampler, self.seed, epoch, self.generator_seed), self.world_size)
-
-    def per_rank(self) -> int:
-        return math.ceil(len(self.sampler) / self.world_size)  # type: ignore[arg-type]
-
-    def __iter__(self) -> Iterator[int]:
-        if self._order is None:
-            self.set_epoch(self.epoch, self.start)
-        return iter(self._order[self.rank::self.world_size][self.start:])
-
-    def __len__(self) -> int:
-        return max(0, self.per_rank() - self.start)
-
-
-class ShardedBatchSampler(Sampler[list[int]]):
-    """This rank's part of each batch of the user's batch sampler (padded to a multiple of W)."""
-
-    def __init__(self, batch_sampler: Any, rank: int, world_size: int, seed: int, generator_seed: int | None):
-        self.batch_sampler, self.rank, self.world_size = batch_sampler, rank, world_size
-        self.seed, self.generator_seed = seed, generator_seed
-        self.epoch, self.start, self._batches, self.sizes = 0, 0, None, []
-
-    def set_epoch(self, epoch: int, start: int = 0) -> None:
-        self.epoch, self.start = epoch, start
-        self._batches = _draw(self.batch_sampler, self.seed, epoch, self.generator_seed)
-        self.sizes = [len(b) for b in self._batches]
-
-    def __iter__(self) -> Iterator[list[int]]:
-        if self._batches is None:
-            self.set_epoch(self.epoch, self.start)
-        return iter([_pad(list(b), self.world_size)[self.rank::self.world_size]
-                     for b in self._batches[self.start:]])
-
-    def __len__(self) -> int:
-        return max(0, len(self.batch_sampler) - self.start)
-
-
-class ShardedIterable(IterableDataset):
-    """Items r, r+W, ... of the user's stream; a last partial group of W is padded from itself,
-    so every rank gets as many items (``real_in_last_group`` counts the real ones)."""
-
-    def __init__(self, dataset: IterableDataset, rank: int, world_size: int):
-        self.dataset, self.rank, self.world_size = dataset, rank, world_size
-        self.skip = 0  # items of this rank to skip (a resume), consumed without being yielded
-        self.real_in_last_group: int | None = None
-
-    def __iter__(self) -> Iterator[Any]:
-        group: list[Any] = []
-        skip, self.real_in_last_group = self.skip, None
-        for item in self.dataset:
-            group.append(item)
-            if len(group) == self.world_size:
-                if skip:
-                    skip -= 1
-                else:
-                    yield group[self.rank]
-                group = []
-        if group:
-            self.real_in_last_group = len(group)
-            if not skip:
-                yield _pad(group, self.world_size)[self.rank]
 
 
 def _settings(loader: DataLoader) -> dict[str, Any]:
@@ -145,36 +48,65 @@ def _settings(loader: DataLoader) -> dict[str, Any]:
 
 
 class PreparedLoader(DeviceLoader):
-    """The user's loader, sharded for this rank, on the device, and resumable mid-epoch.
+    """The user's loader, sharded for this rank (:mod:`mmvl.engine.shards`), on the device, and
+    resumable mid-epoch.
 
     Each ``iter()`` is one epoch: the next one, or the restored one after ``load_state_dict`` /
-    :meth:`skip_to`. ``state_dict()`` is ``{epoch, batch, seed}``.
+    :meth:`skip_to` / :meth:`set_epoch`. ``state_dict()`` is ``{epoch, batch, seed}`` (plus the
+    user generators' states from which that epoch's order is drawn, when there are any).
     """
 
-    def __init__(self, engine: "Engine", loader: DataLoader, seed: int):
+    def __init__(self, engine: "Engine", loader: DataLoader, seed: int, config: Any = None):
         self.engine, self.user_loader, self.seed = engine, loader, int(seed)
+        config = config if config is not None else DataLoaderConfiguration()
         rank, world = engine.rank, engine.world_size
-        gen = loader.generator
-        gen_seed = int(gen.initial_seed()) if isinstance(gen, torch.Generator) else None
         self._worker_generator = torch.Generator()
         self.batch_size = loader.batch_size
         self.iterable = isinstance(loader.dataset, IterableDataset)
         common = dict(_settings(loader), generator=self._worker_generator)
+        split, even = bool(config.split_batches), bool(config.even_batches)
+        size = loader.batch_size
+        if split and world > 1 and size is not None and size % world:
+            raise UserError(f"split_batches=True with batch_size={size} at {world} processes: the batch must "
+                            f"divide evenly; use a batch size that is a multiple of {world}.")
+        per_rank = size // world if split and size is not None else size
         if self.iterable:
-            self.shard: Any = ShardedIterable(loader.dataset, rank, world)
-            built = DataLoader(self.shard, batch_size=loader.batch_size, drop_last=loader.drop_last, **common)
-        elif loader.batch_size is not None:  # DataLoader(batch_size=...): shard its sampler
-            self.shard = ShardedSampler(loader.sampler, rank, world, seed, gen_seed)
-            built = DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=self.shard,
-                               drop_last=loader.drop_last, **common)
-        else:  # DataLoader(batch_sampler=...): shard each of its batches
-            self.shard = ShardedBatchSampler(loader.batch_sampler, rank, world, seed, gen_seed)
-            built = DataLoader(loader.dataset, batch_sampler=self.shard, **common)
+            self.shard: Any = ShardedIterable(loader.dataset, rank, world, per_rank or 1, even)
+            built = DataLoader(self.shard, batch_size=per_rank, drop_last=loader.drop_last, **common)
+        else:
+            sampler_batches = loader.batch_size is None and loader.batch_sampler is None  # sampler= yields lists
+            sampler = loader.sampler
+            if config.use_seedable_sampler:
+                sampler = seedable(sampler, self.seed)
+            if loader.batch_size is not None:  # batch_size=...: its sampler in batches, as the loader cuts it
+                source: Any = BatchSampler(sampler, loader.batch_size, loader.drop_last)
+            else:
+                source = sampler if sampler_batches else loader.batch_sampler
+            self.shard = RankBatches(source, rank, world, split, even, self.seed,
+                                     whole_steps=loader.batch_size is not None and loader.drop_last)
+            if sampler_batches:
+                built = DataLoader(loader.dataset, sampler=self.shard, batch_size=None, **common)
+            else:
+                built = DataLoader(loader.dataset, batch_sampler=self.shard, **common)
         super().__init__(built, engine.device, engine.prefetch)
         self.epoch, self.batch = 0, 0
         self._pending, self._started = False, False
+        self._generator_state: tuple[int, list[torch.Tensor]] | None = None  # (epoch, states it draws from)
         #: the batch just yielded is the epoch's last / holds this many real samples over all ranks
         self.end_of_epoch, self.real_in_batch = False, None
+
+    def _generators(self) -> list[torch.Generator]:
+        """The user's generators whose draws decide the epoch: the loader's own (a plain DataLoader
+        draws its workers' base seed from it at each epoch) and its sampler's."""
+        if self.iterable:
+            return []
+        found: list[torch.Generator] = []
+        sampler = self.shard.sampler
+        own = None if isinstance(sampler, SeedableRandomSampler) else getattr(sampler, "generator", None)
+        for g in (self.user_loader.generator, own):
+            if isinstance(g, torch.Generator) and all(g is not f for f in found):
+                found.append(g)
+        return found
 
     # -- position ---------------------------------------------------------------
     def skip_to(self, batch: int) -> None:
@@ -185,63 +117,83 @@ class PreparedLoader(DeviceLoader):
             self.epoch += 1
         self.batch, self._pending, self._started = int(batch), True, False
 
-    def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "batch": self.batch, "seed": self.seed}
+    def set_epoch(self, epoch: int) -> None:
+        """The next ``iter()`` is epoch ``epoch`` from its start (its order is that epoch's)."""
+        self.epoch, self.batch, self._pending, self._started = int(epoch), 0, True, False
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
+    def state_dict(self) -> dict[str, Any]:
+        state: dict[str, Any] = {"epoch": self.epoch, "batch": self.batch, "seed": self.seed}
+        generators = self._generators()
+        if generators:
+            recorded = self._generator_state
+            in_epoch = recorded is not None and recorded[0] == self.epoch and (self._started or self._pending)
+            state["generators"] = recorded[1] if in_epoch else [g.get_state() for g in generators]
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.epoch, self.batch = int(state["epoch"]), int(state["batch"])
         self.seed = int(state.get("seed", self.seed))
         self.shard.seed = self.seed
+        if state.get("generators") is not None:
+            self._generator_state = (self.epoch, list(state["generators"]))
         self._pending, self._started = True, False
 
     def _batches_in_epoch(self) -> int | None:
-        if self.iterable:
-            return None
-        if isinstance(self.shard, ShardedBatchSampler):
-            return len(self.shard.batch_sampler)
-        per_rank = self.shard.per_rank()
-        return per_rank // self.batch_size if self.loader.drop_last else math.ceil(per_rank / self.batch_size)
+        return None if self.iterable else self.shard.steps()
 
-    def _real(self, index: int, total: int | None) -> int | None:
-        """How many samples of global batch ``index`` are real (None: all of them)."""
-        w = self.engine.world_size
-        if isinstance(self.shard, ShardedBatchSampler):
-            size = self.shard.sizes[index]
-            return size if size % w else None
-        if isinstance(self.shard, ShardedSampler) and index == (total or 0) - 1:
-            real = len(self.shard.sampler) - index * self.batch_size * w  # type: ignore[arg-type]
-            return real if real < self.batch_size * w else None
-        return None
+    def _prepare_generators(self) -> None:
+        """Every rank draws this epoch from rank 0's generator states (restored for a resumed
+        epoch), and the loader's generator gives its base seed first, as a plain DataLoader's does."""
+        generators = self._generators()
+        if not generators:
+            return
+        recorded = self._generator_state
+        if self._pending and recorded is not None and recorded[0] == self.epoch:
+            states = recorded[1]
+        else:
+            states = [g.get_state() for g in generators]
+            if self.engine.world_size > 1:
+                states = comm.broadcast_object(states)
+            self._generator_state = (self.epoch, states)
+        for generator, state in zip(generators, states):
+            generator.set_state(state)
+        if isinstance(self.user_loader.generator, torch.Generator):
+            torch.empty((), dtype=torch.int64).random_(generator=self.user_loader.generator)
 
     # -- iteration --------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
+        resumed = self._pending
         if not self._pending:
             if self._started:
                 self.epoch += 1
             self.batch = 0
-        self._pending, self._started = False, True
         total = self._batches_in_epoch()
         if total is not None and self.batch > total:
             raise UserError(f"the loader's position (batch {self.batch} of epoch {self.epoch}) is past the end of "
                             f"its epoch ({total} batches); the data or batch size changed since save_state.")
+        self._pending = resumed
+        self._prepare_generators()
+        self._pending, self._started = False, True
         if self.iterable:
-            self.shard.skip = self.batch * (self.batch_size or 1)
+            self.shard.skip = self.batch
         else:
-            self.shard.set_epoch(self.epoch, start=self.batch * (self.batch_size or 1)
-                                 if isinstance(self.shard, ShardedSampler) else self.batch)
+            self.shard.set_epoch(self.epoch, start=self.batch)
         self._worker_generator.manual_seed(worker_seed(self.seed, self.epoch, self.engine.rank))
-        self.engine.active_loader = self
-        yield from (self._iterable_epoch() if self.iterable else self._sized_epoch(total))
-        self.epoch, self.batch, self._started = self.epoch + 1, 0, False
-        self.end_of_epoch, self.real_in_batch = False, None
+        state = self.engine.gradient_state
+        state._add_dataloader(self)
+        try:
+            yield from (self._iterable_epoch() if self.iterable else self._sized_epoch(total))
+            self.epoch, self.batch, self._started = self.epoch + 1, 0, False
+        finally:
+            state._remove_dataloader(self)
+            self.end_of_epoch, self.real_in_batch = False, None
 
     def _sized_epoch(self, total: int | None) -> Iterator[Any]:
         for batch in DeviceLoader.__iter__(self):
             index = self.batch
             self.batch += 1
             self.end_of_epoch = self.batch == total
-            self.real_in_batch = self._real(index, total)
-            self.engine.active_loader = self
+            self.real_in_batch = self.shard.real[index] if index < len(self.shard.real) else None
             yield batch
 
     def _iterable_epoch(self) -> Iterator[Any]:
@@ -252,17 +204,14 @@ class PreparedLoader(DeviceLoader):
             following = next(items, _END)
             self.batch += 1
             self.end_of_epoch = following is _END
-            real = self.shard.real_in_last_group if self.end_of_epoch else None
-            w = self.engine.world_size
-            self.real_in_batch = None if real is None else (_length(current) - 1) * w + real
-            self.engine.active_loader = self
+            self.real_in_batch = self.shard.real_in_last_group if self.end_of_epoch else None
             yield current
             current = following
 
     def __len__(self) -> int:
         if self.iterable:
             raise TypeError("a prepared loader over an IterableDataset has no length")
-        return len(self.loader)
+        return self.shard.steps()
 
 
 class SkippedLoader:
@@ -279,22 +228,37 @@ class SkippedLoader:
         return max(0, (self.prepared._batches_in_epoch() or 0) - self.n)
 
     def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name == "prepared":  # not set yet (unpickling): no forwarding
+            raise AttributeError(name)
         return getattr(self.prepared, name)
 
 
 _END = object()
 
 
-def _length(batch: Any) -> int:
-    """Samples in a collated batch: the first tensor's dim 0 (or a list's length)."""
-    if isinstance(batch, torch.Tensor):
-        return len(batch)
-    if isinstance(batch, dict):
-        return _length(next(iter(batch.values())))
-    if isinstance(batch, (list, tuple)) and batch:
-        return _length(batch[0]) if isinstance(batch[0], (torch.Tensor, dict, list, tuple)) else len(batch)
-    return 1
+def prepare_data_loader(dataloader: DataLoader, device: Any = None, num_processes: int | None = None,
+                        process_index: int | None = None, split_batches: bool = False, put_on_device: bool = False,
+                        rng_types: Any = None, dispatch_batches: bool | None = None, even_batches: bool = True,
+                        slice_fn_for_dispatch: Any = None, use_seedable_sampler: bool = False,
+                        data_seed: int | None = None, non_blocking: bool = False,
+                        use_stateful_dataloader: bool = False, torch_device_mesh: Any = None) -> PreparedLoader:
+    """Accelerate's function form of ``prepare`` for one loader, without an Engine: this process's
+    shard of ``dataloader`` (rank ``process_index`` of ``num_processes``, by default the process
+    group's), its batches moved to ``device`` with ``put_on_device``. ``rng_types`` is not needed
+    (ranks draw the same order by construction); ``slice_fn_for_dispatch``/``torch_device_mesh``
+    are not supported."""
+    if slice_fn_for_dispatch is not None or torch_device_mesh is not None:
+        raise UserError("prepare_data_loader(slice_fn_for_dispatch=..., torch_device_mesh=...) is not supported "
+                        "by mmvl; leave them out.")
+    config = DataLoaderConfiguration(split_batches, dispatch_batches, even_batches, use_seedable_sampler, data_seed,
+                                     non_blocking, use_stateful_dataloader)
+    host = SimpleNamespace(
+        rank=comm.get_rank() if process_index is None else int(process_index),
+        world_size=comm.get_world_size() if num_processes is None else int(num_processes),
+        device=torch.device(device) if put_on_device and device is not None else torch.device("cpu"),
+        prefetch=False, gradient_state=GradientState())
+    seed = data_seed if data_seed is not None else comm.broadcast_object(torch.initial_seed())
+    return PreparedLoader(host, dataloader, seed, config)  # type: ignore[arg-type]
 
 
-__all__ = ["PreparedLoader", "ShardedBatchSampler", "ShardedIterable", "ShardedSampler",
-           "SkippedLoader"]
+__all__ = ["PreparedLoader", "SkippedLoader", "prepare_data_loader"]

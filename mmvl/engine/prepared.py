@@ -8,6 +8,7 @@ it ``settle()``-s (the Trainer does at every log interval).
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import warnings
@@ -86,6 +87,8 @@ class PreparedOptimizer:
         return self.optimizer.param_groups
 
     def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name == "optimizer":  # not set yet (unpickling): no forwarding
+            raise AttributeError(name)
         return getattr(self.optimizer, name)
 
 
@@ -115,28 +118,45 @@ class PreparedScheduler:
         self._steps = 0  # steps since the last settle
         self._mark: tuple[dict[str, Any], list[float]] | None = None  # state and lrs at the last settle
 
+    def _times(self) -> int:
+        """Schedule steps per update: Accelerate's rule for a script's Engine is one per process
+        (each process's batch is a step of the schedule; one with ``split_batches``); the Trainer's
+        Engine (from a config, whose schedules count updates) one."""
+        engine = self.engine
+        if getattr(engine, "scheduler_per_process", False) and not engine.dataloader_config.split_batches:
+            return engine.world_size
+        return 1
+
+    def _step_schedule(self) -> None:
+        total = getattr(self.scheduler, "total_steps", None)  # OneCycleLR raises past its last step
+        for _ in range(self._times()):
+            if total is None or self.scheduler.last_epoch < total:
+                self.scheduler.step()
+
     def step(self) -> None:
         if not self.engine.sync_gradients:
+            if getattr(self.engine, "scheduler_per_process", False) and self.engine.gradient_state.adjust_scheduler:
+                self.scheduler._step_count += 1  # a call between optimizer steps, counted as Accelerate does
             return
         optimizer = self.engine.prepared_optimizer
         skipped = getattr(optimizer, "skipped", None)
         if skipped is None:
-            self.scheduler.step()
+            self._step_schedule()
             return
         if self._mark is None and not isinstance(self.scheduler, torch.optim.lr_scheduler.LambdaLR):
             lrs = [group["lr"] for group in self.scheduler.optimizer.param_groups]
             self._mark = (copy.deepcopy(self.scheduler.state_dict()), lrs)
         with warnings.catch_warnings():  # torch warns when the scaler skipped the optimizer's step
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)` before")
-            self.scheduler.step()
-        self._steps += 1
+            self._step_schedule()
+        self._steps += self._times()
         self._skipped = skipped.int() if self._skipped is None else self._skipped + skipped
 
     def settle(self) -> None:
         """Take back the steps taken for skipped fp16 updates (reads one number from the device)."""
         if self._skipped is None:
             return
-        behind, self._skipped = int(self._skipped.item()), None
+        behind, self._skipped = int(self._skipped.item()) * self._times(), None
         steps, mark, self._steps, self._mark = self._steps, self._mark, 0, None
         if not behind:
             return
@@ -162,6 +182,8 @@ class PreparedScheduler:
         self.scheduler.load_state_dict(state)
 
     def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name == "scheduler":  # not set yet (unpickling): no forwarding
+            raise AttributeError(name)
         return getattr(self.scheduler, name)
 
 
@@ -193,7 +215,25 @@ class DeviceLoader:
         return len(self.loader)
 
     def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name == "loader":  # not set yet (unpickling): no forwarding
+            raise AttributeError(name)
         return getattr(self.loader, name)
+
+
+@contextlib.contextmanager
+def sync_in_backward(model: torch.nn.Module) -> Iterator[None]:
+    """The next backward of the DDP ``model`` communicates gradients even after forwards run under
+    ``no_sync`` (DDP's reducer is told to expect it); a model without DDP: nothing to do."""
+    if not isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        yield
+        return
+    saved = model.require_backward_grad_sync, model.require_forward_param_sync
+    model.require_backward_grad_sync = model.require_forward_param_sync = True
+    model.reducer.prepare_for_backward([])
+    try:
+        yield
+    finally:
+        model.require_backward_grad_sync, model.require_forward_param_sync = saved
 
 
 def inner(obj: Any) -> Any:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from mmvl.checkpoint import CheckpointManager, State, match_model_state, sharded
+from mmvl.checkpoint import CheckpointManager, match_model_state, sharded
 from mmvl.distributed import comm
 from mmvl.distributed.strategies.base import Strategy
 from mmvl.engine.prepared import inner
@@ -59,14 +59,23 @@ class OptimizerState:
         restore_implementation(optimizer, built)
 
 
-def rng_state(env: Any) -> State:
-    """Every rank's RNG state (saved as one list, rank by rank; restored at the same world size)."""
+class RngState:
+    """Every rank's RNG state (saved as one list, rank by rank; restored at the same world size).
+    A plain object (no closures), so an Engine holding it can be pickled."""
 
-    def load(states: list[Any]) -> None:
-        if len(states) == env.world_size:
-            set_rng_state(states[env.rank])
+    def __init__(self, env: Any):
+        self.env = env
 
-    return State(lambda: comm.all_gather_object(get_rng_state()), load)
+    def state_dict(self) -> list[Any]:
+        return comm.all_gather_object(get_rng_state())
+
+    def load_state_dict(self, states: list[Any]) -> None:
+        if len(states) == self.env.world_size:
+            set_rng_state(states[self.env.rank])
+
+
+def rng_state(env: Any) -> RngState:
+    return RngState(env)
 
 
 def save_sharded(directory: str | os.PathLike[str], strategy: Strategy, model: torch.nn.Module,

@@ -59,7 +59,7 @@ def test_prepare_keeps_every_setting_of_the_users_loader():
     assert (prepared.worker_init_fn, prepared.persistent_workers, prepared.prefetch_factor, prepared.timeout) == \
         (init, True, 3, 30)
     assert prepared.multiprocessing_context.get_start_method() == "spawn"
-    assert prepared.sampler.sampler is loader.sampler  # the user's sampler, sharded, not replaced
+    assert prepared.batch_sampler.batch_sampler.sampler is loader.sampler  # the user's sampler, sharded, not replaced
 
 
 def _epochs(loader, n):
@@ -200,11 +200,11 @@ def _two_ranks(env):
 
 
 @pytest.mark.slow
-def test_two_ranks_disjoint_new_orders_uneven_gather_and_triggers():
+def test_two_ranks_share_each_steps_batch_new_orders_uneven_gather_and_triggers():
     r0, r1 = launch(_two_ranks, world_size=2)
-    for e in range(2):
-        a, b = sum(r0["epochs"][e], []), sum(r1["epochs"][e], [])
-        assert not set(a) & set(b) and sorted(a + b) == list(range(10))
+    for e in range(2):  # each step's batches, rank 0's then rank 1's, are the next 4 of the epoch's order
+        order = [i for step in zip(r0["epochs"][e], r1["epochs"][e]) for batch in step for i in batch]
+        assert sorted(order[:10]) == list(range(10)) and order[10:] == order[:2]  # 5 batches: the 6th repeats
     assert r0["epochs"][0] != r0["epochs"][1]
     assert r0["gathered"].tolist() == list(range(7)) == r1["gathered"].tolist()  # padding dropped
     assert r0["trigger"] == [True, False] == r1["trigger"]

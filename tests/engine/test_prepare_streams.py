@@ -1,4 +1,4 @@
-"""prepare() on an IterableDataset (each rank its own disjoint part of the stream) and
+"""prepare() on an IterableDataset (each rank its own contiguous part of each group of the stream) and
 accumulate() syncing on the epoch's last batch, as Accelerate's GradientState does."""
 from __future__ import annotations
 
@@ -59,7 +59,8 @@ def _two_ranks_stream(env):
 @pytest.mark.slow
 def test_an_iterable_dataset_is_sharded_by_rank_and_gathers_every_item_once():
     r0, r1 = launch(_two_ranks_stream, world_size=2)
-    # rank r takes items r, r+2, ...; the last partial group [10] is padded from itself
-    assert r0["mine"] == [[[0, 2], [4, 6], [8, 10]]] * 2 and r1["mine"] == [[[1, 3], [5, 7], [9, 10]]] * 2
+    # each group of 2x2 items: rank 0 the first 2, rank 1 the next; the last partial group [8, 9, 10]
+    # is filled from the stream's start
+    assert r0["mine"] == [[[0, 1], [4, 5], [8, 9]]] * 2 and r1["mine"] == [[[2, 3], [6, 7], [10, 0]]] * 2
     assert sorted(r0["gathered"]) == list(range(11)) == sorted(r1["gathered"])  # the padding dropped
     assert r0["sync"] == r1["sync"] == [[(False, False), (True, True), (True, True)]]  # 3 batches: 2 and the last
