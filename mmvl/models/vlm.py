@@ -95,7 +95,8 @@ class VLM(BaseModel):
         embeds = self.embed(ids, batch["image"])
         new = self.lm.generate(inputs_embeds=embeds, attention_mask=mask, do_sample=False,
                                max_new_tokens=int(opts["max_new_tokens"]), num_beams=int(opts["num_beams"]),
-                               pad_token_id=self.pad_token_id, eos_token_id=self.eos_token_id)
+                               pad_token_id=self.pad_token_id, eos_token_id=self.eos_token_id,
+                               suppress_tokens=[self.image_token_id])  # never write a placeholder
         width = int(opts["max_new_tokens"])
         if new.size(1) < width:  # every row ended early: pad to a fixed width, so ranks can gather
             new = torch.cat([new, new.new_full((new.size(0), width - new.size(1)), self.pad_token_id)], 1)
