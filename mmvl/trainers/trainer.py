@@ -198,8 +198,11 @@ class Trainer:
         """One optimizer update over ``gradient_accumulation`` micro-batches (no wait on the device)."""
         engine, micro, tokens = self.engine, [], 0
         counted: list[Any] | None = [] if self.flops.pending else None  # the first update's FLOPs, for MFU
-        for _ in range(engine.gradient_accumulation):
-            batch = engine.to_device(next(self.train_data))
+        batches = [engine.to_device(next(self.train_data)) for _ in range(engine.gradient_accumulation)]
+        for _, loss_fn in self.losses:  # e.g. answer_tokens: one normaliser over the whole update
+            if hasattr(loss_fn, "begin_update"):
+                loss_fn.begin_update(batches)
+        for batch in batches:
             if counted is not None:
                 counted.append(dict(batch) if isinstance(batch, Mapping) else batch)  # as it came
             with engine.accumulate(self.model):
