@@ -22,6 +22,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from mmvl.errors import UserError
+from mmvl.losses import IGNORE_INDEX
 from mmvl.models.base import BaseModel
 from mmvl.models.modules.image_encoders import build_image_encoder
 from mmvl.models.modules.vlm_parts import Projector, grid_tokens, left_align, load_causal_lm, splice_image_tokens
@@ -86,11 +87,18 @@ class VLM(BaseModel):
     @torch.no_grad()
     def generate(self, batch: dict[str, Any], **overrides: Any) -> torch.Tensor:
         """Continue each prompt (right-padded, as collated) by greedy (``num_beams: 1``) or beam
-        decoding with the KV cache; returns ``B x max_new_tokens`` ids (after the end token: pad)."""
+        decoding with the KV cache; returns ``B x max_new_tokens`` ids (after the end token: pad).
+        A batch with answers (``targets``) is cut before its first answer token, so one evaluation
+        batch serves both the loss and generation."""
         opts = {**self.generation, **overrides}
         mask = batch.get("attention_mask")
         if mask is None:
             mask = torch.ones_like(batch["input_ids"])
+        targets = batch.get("targets")
+        if targets is not None:  # a labelled batch: continue from the prompt, before the first answer token
+            labelled = targets.ne(IGNORE_INDEX)
+            first = torch.where(labelled.any(1), labelled.long().argmax(1), mask.long().sum(1))
+            mask = mask * (torch.arange(mask.size(1), device=mask.device) < first.unsqueeze(1)).to(mask.dtype)
         ids, mask = left_align(batch["input_ids"], mask, self.pad_token_id)
         embeds = self.embed(ids, batch["image"])
         new = self.lm.generate(inputs_embeds=embeds, attention_mask=mask, do_sample=False,

@@ -139,3 +139,10 @@ def test_greedy_decoding_follows_the_argmax(lm, proc):
         if token == model.eos_token_id:
             break
         ids.append(token)
+
+
+def test_a_labelled_batch_is_decoded_from_its_prompt(lm, proc):
+    model = tiny_vlm.build_model(lm, proc).eval()
+    labelled = tiny_vlm.collate(proc, tiny_vlm.items(proc)[:4])
+    prompts = tiny_vlm.collate(proc, tiny_vlm.items(proc, prompt_only=True)[:4])
+    assert model.generate(labelled).tolist() == model.generate(prompts).tolist()

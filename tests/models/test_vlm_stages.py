@@ -3,6 +3,7 @@ from stage 1's checkpoint (``checkpoint.resume_pretrained``) and trains the proj
 with the image encoder frozen. Both run the shipped configs at tiny size through the Trainer."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -61,3 +62,12 @@ def test_stage_two_starts_from_stage_one_with_its_parts_frozen(tmp_path):
     after_two = {part: _params(model2, part) for part in start}
     assert not _changed(loaded["image_encoder"], after_two["image_encoder"])
     assert _changed(loaded["projector"], after_two["projector"]) and _changed(loaded["lm"], after_two["lm"])
+
+    # mmvl_predict decodes the test split from stage 2's checkpoint: one row per question, in order
+    from mmvl_cli.predict import main
+
+    assert main([f"config={PROJECT / 'stage2.yaml'}", f"env.save_dir={tmp_path / 's2'}", *common,
+                 f"checkpoint.resume_file={tmp_path / 's2' / 'checkpoints' / 'last.ckpt'}",
+                 "checkpoint.resume_pretrained=false"]) == 0
+    rows = json.loads((tmp_path / "s2" / "predictions" / "sort_of_clevr_generative_test.json").read_text())
+    assert [r["id"] for r in rows] == list(range(8)) and all(isinstance(r["answer"], str) for r in rows)

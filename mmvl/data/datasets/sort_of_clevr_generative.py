@@ -3,8 +3,8 @@
 The same generated images and questions as ``sort_of_clevr``; an item is the image, the question
 as the prompt and the answer word as text to generate (``prompt_answer`` tokens: only the answer
 is labelled). It is the offline workload of a generative VLM (``model: vlm``): every test and the
-docs' tiny run train on it without downloading anything. ``predict_mode`` items (evaluation with
-``evaluation.predict``) carry the prompt only, so the model continues it by decoding.
+docs' tiny run train on it without downloading anything. With ``evaluation.predict`` the model
+decodes from each item's prompt (its tokens before the first answer token).
 """
 from __future__ import annotations
 
@@ -24,13 +24,11 @@ _TEXT = "dataset_config.sort_of_clevr_generative.processors.text_processor"
 class GenerativeItems(SortOfClevrDataset):
     """Items: ``image``, ``input_ids``, ``attention_mask``, ``targets`` (token labels), ``answer`` (text), ids."""
 
-    prompt_only = False
-
     def __getitem__(self, index: int) -> dict[str, Any]:
         qtype = int(self.types[index])
         item: dict[str, Any] = self.visual(int(self.image_rows[index]))
         answer = ANSWERS[int(self.answers[index])]
-        item.update(self.text_processor(self.texts[index], None if self.prompt_only else answer))
+        item.update(self.text_processor(self.texts[index], answer))
         item.update(answer=answer, question_type=qtype, id=int(self.ids[index]), image_id=int(self.image_rows[index]))
         return item
 
@@ -46,7 +44,6 @@ class SortOfClevrGenerativeBuilder(SortOfClevrBuilder):
         super().__init__(config, data_dir)
         if self.regions is not None:
             raise UserError("sort_of_clevr_generative: regions must be null (a VLM reads pixels).")
-        self.predict_mode = False
 
     @property
     def text_processor(self):
@@ -67,7 +64,6 @@ class SortOfClevrGenerativeBuilder(SortOfClevrBuilder):
     def build(self, split: str):
         data = super().build(split)
         data.__class__ = GenerativeItems
-        data.prompt_only = self.predict_mode
         return data
 
     def model_info(self) -> dict[str, int]:
