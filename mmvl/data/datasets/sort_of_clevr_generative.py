@@ -70,10 +70,12 @@ class SortOfClevrGenerativeBuilder(SortOfClevrBuilder):
         return self.text_processor.model_info()
 
     def predictions(self, data: dict[str, Any], scores: Any) -> list[dict[str, Any]]:
-        """``[{"id", "answer"}]``: the decoded generated text (``scores`` are generated ids)."""
+        """``[{"id", "answer", "reference"}]``: the decoded generated text (``scores`` are generated ids)
+        and the true answer, so the file scores itself (:mod:`mmvl.metrics.generation`)."""
         ids = data.get("id", [])
         ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
-        return [{"id": i, "answer": self.text_processor.decode(row)} for i, row in zip(ids, scores.tolist())]
+        return [{"id": i, "answer": self.text_processor.decode(row), "reference": ref}
+                for i, row, ref in zip(ids, scores.tolist(), data["answer"])]
 
     def extra_metrics(self, split: str) -> dict[str, float]:
         return {}
