@@ -111,7 +111,11 @@ class VLM(BaseModel):
         return new[:, :width]
 
     def enable_gradient_checkpointing(self) -> None:
-        self.lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_lm = getattr(self.lm, "activation_checkpointing_enable", None)  # transformers >= 5
+        if enable_lm is not None:
+            enable_lm(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            self.lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         enable = getattr(self.image_encoder, "enable_gradient_checkpointing", None)
         if enable is not None:
             enable()

@@ -146,3 +146,17 @@ def test_a_labelled_batch_is_decoded_from_its_prompt(lm, proc):
     labelled = tiny_vlm.collate(proc, tiny_vlm.items(proc)[:4])
     prompts = tiny_vlm.collate(proc, tiny_vlm.items(proc, prompt_only=True)[:4])
     assert model.generate(labelled).tolist() == model.generate(prompts).tolist()
+
+
+def test_gradient_checkpointing_gives_the_same_gradients(lm, proc):
+    batch = tiny_vlm.collate(proc, tiny_vlm.items(proc)[:3])
+    grads = []
+    for checkpointing in (False, True):
+        model = tiny_vlm.build_model(lm, proc).train()
+        if checkpointing:
+            model.enable_gradient_checkpointing()
+        AnswerTokensLoss()(batch, model(batch)).backward()
+        grads.append(_grads(model))
+    assert set(grads[0]) == set(grads[1])
+    for name in grads[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name], atol=1e-6, rtol=1e-5, msg=name)
