@@ -69,3 +69,44 @@ def test_world_two_equals_one_big_batch(launch, tmp_path):
             torch.testing.assert_close(grad, ref[name], atol=1e-5, rtol=1e-5, msg=name)
     naive = ranks[0]["naive"]  # per-micro-batch means: measurably another gradient
     assert max((naive["grads"][n] - ref[n]).abs().max() for n in ref) > 1e-3
+
+
+PREDICT = ["dataset_config.sort_of_clevr_generative.num_images=6",
+           "dataset_config.sort_of_clevr_generative.num_val_images=2",
+           "dataset_config.sort_of_clevr_generative.num_test_images=3",
+           "dataset_config.sort_of_clevr_generative.questions_per_image=3",
+           "model_config.vlm.image_encoder.params.channels=[8,8,8]",
+           "model_config.vlm.language_model.random.hidden_size=32",
+           "model_config.vlm.language_model.random.intermediate_size=64",
+           "model_config.vlm.language_model.random.num_hidden_layers=1",
+           "model_config.vlm.generation.num_beams=2",
+           "run_type=test", "evaluation.predict=true", "training.batch_size=4", "training.progress_bar=false"]
+
+
+def _predict(env, root: str, name: str) -> int:
+    from pathlib import Path
+
+    from mmvl.config import load_config
+    from mmvl.trainers import Trainer
+
+    project = Path(__file__).resolve().parents[2] / "projects" / "vlm" / "configs" / "sort_of_clevr_generative"
+    config = load_config([f"config={project / 'stage1.yaml'}", f"env.data_dir={root}/data",
+                          f"env.save_dir={root}/{name}", *PREDICT])
+    Trainer(config, env=env).evaluate("test")
+    return env.rank
+
+
+def test_predictions_at_two_ranks_are_world_ones_once_each(launch, tmp_path):
+    """9 test questions over 2 ranks (the sampler pads one): every rank decodes its share (beam
+    search), rank 0 writes each question once, in dataset order, as one process writes them."""
+    import json
+
+    from mmvl.distributed.env import DistEnv
+
+    _predict(DistEnv(), str(tmp_path), "one")
+    launch(_predict, world_size=2, args=(str(tmp_path), "two"), timeout=240)
+    read = lambda name: json.loads((tmp_path / name / "predictions" / "sort_of_clevr_generative_test.json")
+                                   .read_text())  # noqa: E731
+    one, two = read("one"), read("two")
+    assert [r["id"] for r in one] == list(range(9))
+    assert two == one

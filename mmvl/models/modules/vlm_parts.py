@@ -57,18 +57,6 @@ def load_causal_lm(path: Any, attn_implementation: str = "sdpa") -> nn.Module:
                                                 dtype=torch.float32, local_files_only=True)
 
 
-def image_token_id(path: Any, token: str) -> int:
-    """The id of the image placeholder ``token`` in the LM folder's tokenizer (a UserError if it has none)."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    found = tokenizer.convert_tokens_to_ids(token)
-    if found is None or (found == tokenizer.unk_token_id and token != tokenizer.unk_token):
-        raise UserError(f"vlm: the tokenizer in {path!r} has no token {token!r}; add it "
-                        "(tokenizer.add_tokens, model.resize_token_embeddings, save_pretrained) or set image_token.")
-    return int(found)
-
-
 def splice_image_tokens(embeds: torch.Tensor, input_ids: torch.Tensor, image: torch.Tensor,
                         token_id: int) -> torch.Tensor:
     """``embeds`` with its rows at ``input_ids == token_id`` replaced by ``image``'s tokens, in order
