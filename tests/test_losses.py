@@ -150,6 +150,9 @@ LOSS_CASES = {
                   _T([[-4.0, 4.0, 1.0], [4.0, -4.0, 4.0]])),
     "soft_label_cross_entropy": ({}, _T([[1.0, 0.0, 1.0], [0.0, 1.0, 0.0]]), _T([[3.0, -3.0, 3.0], [-3.0, 3.0, -3.0]]),
                                  _T([[-3.0, 3.0, -3.0], [3.0, -3.0, 3.0]])),
+    # token targets (B x L, -100 not labelled) and next-token logits (B x L x V): position t predicts t + 1
+    "answer_tokens": ({}, _T([[-100, 2, 0], [-100, -100, 1]]), 4.0 * torch.eye(3)[_T([[2, 0, 1], [0, 1, 2]])],
+                      4.0 * torch.eye(3)[_T([[0, 1, 1], [0, 2, 2]])]),
 }
 
 

@@ -107,6 +107,10 @@ def _evaluate_dataset(trainer: Any, name: str, builder: Any, split: str) -> dict
             if forward:
                 losses.add(output.get("losses") or {}, trainer.losses if "targets" in batch else [], batch, out, valid)
             if writer is not None:
+                generate = getattr(engine.unwrap_model(trainer.model), "generate", None)
+                if generate is not None and valid:  # a generative model: rows of decoded text, not scores
+                    with engine.autocast():
+                        scores = generate(batch)
                 rows = builder.predictions(batch, scores) if valid else []
                 writer.write(_in_dataset_order(engine.gather_object(rows)))
             progress.update(valid * env.world_size if env.world_size > 1 else valid)

@@ -61,7 +61,8 @@ def _features_lmdb(root, builder, splits) -> str:
 
 
 def _batch(name, data_dir, split, *extra):
-    config = load_config(["model=visual_bert", f"datasets={name}", f"env.data_dir={data_dir}", *(_SOC if name == "sort_of_clevr" else []),
+    config = load_config(["model=visual_bert", f"datasets={name}", f"env.data_dir={data_dir}", *(_SOC if name == "sort_of_clevr" else [k.replace("sort_of_clevr.", f"{name}.") for k in _SOC]
+                                                                 if name == "sort_of_clevr_generative" else []),
                           *extra])
     builder = build_datasets(config)[name]
     builder.prepare()

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 import mmvl  # noqa: F401  (registers the built-in models)
 from mmvl.build import build_datasets, build_model, freeze_model, model_config
@@ -29,6 +30,10 @@ SHIPPED = [name for name in MODELS.names() if MODELS.get(name).__module__.starts
 UPDATES = 2
 #: what a dataset would fill in (the fast tests build models without generating data)
 VOCAB_SIZE, NUM_LABELS = 40, 5
+#: every null size a dataset fills in, by key (a generative VLM's token ids too)
+DATA_SIZES = {"vocab_size": VOCAB_SIZE, "num_labels": NUM_LABELS, "image_token_id": VOCAB_SIZE - 1,
+              "pad_token_id": 0, "eos_token_id": 3}
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
 @pytest.fixture
@@ -36,11 +41,11 @@ def no_data(tmp_path):
     """``no_data(name, *overrides) -> (config, model_config)``: the tiny config with the dataset's
     sizes set by hand, so a model builds without generating data."""
     def get(name: str, *overrides: str):
-        sizes = [f"model_config.{name}.{key}={value}" for key, value in
-                 (("vocab_size", VOCAB_SIZE), ("num_labels", NUM_LABELS))
-                 if key in load_config([f"config={TINY / f'{name}.yaml'}"]).model_config[name]]  # clip: no labels
+        shipped = OmegaConf.load(CONFIGS / "models" / f"{name}.yaml").model_config[name]
+        sizes = {k: v for k, v in DATA_SIZES.items() if k in shipped}  # the null keys this model reads
         config = load_config([f"config={TINY / f'{name}.yaml'}", f"env.data_dir={tmp_path}",
-                              f"env.save_dir={tmp_path}", *sizes, *overrides])
+                              f"env.save_dir={tmp_path}", *(f"model_config.{name}.{k}={v}" for k, v in sizes.items()),
+                              *overrides])
         return config, model_config(config, {})
 
     return get

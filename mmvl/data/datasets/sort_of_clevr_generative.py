@@ -1,0 +1,81 @@
+"""Sort-of-CLEVR as generation (``datasets: [sort_of_clevr_generative]``): the answer is written.
+
+The same generated images and questions as ``sort_of_clevr``; an item is the image, the question
+as the prompt and the answer word as text to generate (``prompt_answer`` tokens: only the answer
+is labelled). It is the offline workload of a generative VLM (``model: vlm``): every test and the
+docs' tiny run train on it without downloading anything. With ``evaluation.predict`` the model
+decodes from each item's prompt (its tokens before the first answer token).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from mmvl.config.components import build_component, component_spec
+from mmvl.config.access import config_value
+from mmvl.data.datasets.sort_of_clevr import ANSWERS, SortOfClevrBuilder, SortOfClevrDataset, all_questions
+from mmvl.data.processors import prompt_answer as _prompt_answer  # noqa: F401  (registers prompt_answer)
+from mmvl.errors import UserError
+from mmvl.losses import IGNORE_INDEX
+from mmvl.registry import PROCESSORS, register_dataset
+
+_TEXT = "dataset_config.sort_of_clevr_generative.processors.text_processor"
+
+
+class GenerativeItems(SortOfClevrDataset):
+    """Items: ``image``, ``input_ids``, ``attention_mask``, ``targets`` (token labels), ``answer`` (text), ids."""
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        qtype = int(self.types[index])
+        item: dict[str, Any] = self.visual(int(self.image_rows[index]))
+        answer = ANSWERS[int(self.answers[index])]
+        item.update(self.text_processor(self.texts[index], answer))
+        item.update(answer=answer, question_type=qtype, id=int(self.ids[index]), image_id=int(self.image_rows[index]))
+        return item
+
+
+@register_dataset("sort_of_clevr_generative")
+class SortOfClevrGenerativeBuilder(SortOfClevrBuilder):
+    """Sort-of-CLEVR whose answers are generated text (a VLM's offline task)."""
+
+    config_path = "datasets/sort_of_clevr_generative.yaml"
+    pad_values = {"targets": IGNORE_INDEX}
+
+    def __init__(self, config, data_dir: str):
+        super().__init__(config, data_dir)
+        if self.regions is not None:
+            raise UserError("sort_of_clevr_generative: regions must be null (a VLM reads pixels).")
+
+    @property
+    def text_processor(self):
+        if self._processor is None:
+            kind, params = component_spec(config_value(self.config, "processors.text_processor"), _TEXT)
+            if kind != "prompt_answer":
+                raise UserError(f"{_TEXT}.type={kind!r}; sort_of_clevr_generative needs prompt_answer.")
+            self._processor = build_component(PROCESSORS, {"type": kind, "params": params}, where=_TEXT,
+                                              defaults={"texts": lambda: all_questions() + ANSWERS})
+        return self._processor
+
+    def collate(self, items: list[dict[str, Any]]) -> dict[str, Any]:
+        batch = super().collate(items)
+        pad = self.text_processor.tokenizer.pad_token_id
+        batch["input_ids"] = batch["input_ids"].masked_fill(batch["attention_mask"].eq(0), pad)
+        return batch
+
+    def build(self, split: str):
+        data = super().build(split)
+        data.__class__ = GenerativeItems
+        return data
+
+    def model_info(self) -> dict[str, int]:
+        return self.text_processor.model_info()
+
+    def predictions(self, data: dict[str, Any], scores: Any) -> list[dict[str, Any]]:
+        """``[{"id", "answer", "reference"}]``: the decoded generated text (``scores`` are generated ids)
+        and the true answer, so the file scores itself (:mod:`mmvl.metrics.generation`)."""
+        ids = data.get("id", [])
+        ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
+        return [{"id": i, "answer": self.text_processor.decode(row), "reference": ref}
+                for i, row, ref in zip(ids, scores.tolist(), data["answer"])]
+
+    def extra_metrics(self, split: str) -> dict[str, float]:
+        return {}

@@ -1,0 +1,74 @@
+"""The parts of a generative VLM (``model: vlm``): image tokens from a grid, the projector, the LM.
+
+An image encoder of :data:`mmvl.registry.IMAGE_ENCODERS` gives a ``B x C x h x w`` grid; its cells
+become image tokens (``pixel_shuffle`` folds each ``f x f`` square of cells into one token of
+``C * f * f`` channels, cutting the token count by ``f^2`` as nanoVLM and Idefics3 do), a projector
+maps them to the LM's hidden size, and they replace the LM's input embeddings at the image
+placeholder token.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mmvl.errors import UserError
+
+
+def grid_tokens(grid: torch.Tensor, shuffle: int = 1) -> torch.Tensor:
+    """``B x C x h x w`` -> ``B x (h/f * w/f) x (C * f * f)`` tokens, row by row (``f = shuffle``)."""
+    if shuffle > 1:
+        h, w = grid.shape[-2:]
+        if h % shuffle or w % shuffle:
+            raise UserError(f"vlm: pixel_shuffle={shuffle} needs an image grid divisible by it, and the encoder "
+                            f"gives {h}x{w}; choose a factor dividing both or change the image size.")
+        grid = F.pixel_unshuffle(grid, shuffle)
+    return grid.flatten(2).transpose(1, 2)
+
+
+class Projector(nn.Module):
+    """Image token features -> the LM's hidden size: ``layers`` linear maps with GELU between
+    (LLaVA-1.5's ``mlp2x_gelu`` at ``layers: 2``)."""
+
+    def __init__(self, in_dim: int, out_dim: int, layers: int = 2):
+        super().__init__()
+        if layers < 1:
+            raise UserError(f"vlm: projector_layers={layers}; use 1 (linear) or more.")
+        mods: list[nn.Module] = [nn.Linear(in_dim, out_dim)]
+        for _ in range(layers - 1):
+            mods += [nn.GELU(), nn.Linear(out_dim, out_dim)]
+        self.net = nn.Sequential(*mods)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.net(tokens)
+
+
+def load_causal_lm(path: Any, attn_implementation: str = "sdpa") -> nn.Module:
+    """A transformers causal LM from a local folder (``save_pretrained``'s layout); nothing downloads."""
+    if not path or not os.path.isdir(str(path)):
+        raise UserError(f"vlm: language_model.path={path!r} is not a folder; give a local transformers causal LM "
+                        "folder (config.json + weights, e.g. written by save_pretrained).")
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(path), attn_implementation=attn_implementation,
+                                                dtype=torch.float32, local_files_only=True)
+
+
+def splice_image_tokens(embeds: torch.Tensor, input_ids: torch.Tensor, image: torch.Tensor,
+                        token_id: int) -> torch.Tensor:
+    """``embeds`` with its rows at ``input_ids == token_id`` replaced by ``image``'s tokens, in order
+    (each sample holds exactly ``image.shape[1]`` placeholders: the processor writes them)."""
+    where = input_ids.eq(token_id).unsqueeze(-1)
+    return embeds.masked_scatter(where, image.to(embeds.dtype))
+
+
+def left_align(input_ids: torch.Tensor, mask: torch.Tensor, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded rows -> the same rows left-padded (what batched decoding continues from)."""
+    length = input_ids.size(1)
+    n = mask.long().sum(1, keepdim=True)
+    index = (torch.arange(length, device=input_ids.device).unsqueeze(0) + n) % length
+    ids, m = input_ids.gather(1, index), mask.gather(1, index)
+    return ids.masked_fill(m.eq(0), pad_id), m

@@ -1,0 +1,125 @@
+"""A generative VLM, LLaVA-style: image encoder -> projector -> image tokens inside a causal LM.
+
+The encoder (any of :data:`mmvl.registry.IMAGE_ENCODERS`) turns pixels into a grid; its cells
+(``pixel_shuffle`` folds f x f cells into one token) are projected to the LM's hidden size and
+replace the LM's input embeddings at the image placeholder tokens the ``prompt_answer`` processor
+wrote. ``forward`` returns the LM's next-token logits as ``scores``; the ``answer_tokens`` loss
+reads them against ``targets`` (answer tokens only). :meth:`generate` writes text: greedy or beam
+decoding with the LM's KV cache through transformers' ``generate`` from input embeddings.
+
+The LM comes from a local transformers folder (``language_model.path``) or, with a null path, is
+a randomly initialised LM of ``language_model.random`` (a transformers config, e.g. a tiny
+Llama), sized to the dataset's vocabulary: what tests and the docs' tiny run use.
+
+Parts (``freeze``): ``image_encoder``, ``projector``, ``language_model``; ``base`` is all but the
+projector, so LLaVA's stage 1 is ``freeze: [base]`` and stage 2 ``freeze: [image_encoder]``.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from mmvl.errors import UserError
+from mmvl.losses import IGNORE_INDEX
+from mmvl.models.base import BaseModel
+from mmvl.models.modules.image_encoders import build_image_encoder
+from mmvl.models.modules.vlm_parts import Projector, grid_tokens, left_align, load_causal_lm, splice_image_tokens
+from mmvl.registry import register_model
+
+
+@register_model("vlm")
+class VLM(BaseModel):
+    """``forward(batch) -> {"scores": B x L x vocab logits}``; ``generate(batch) -> B x new ids``."""
+
+    config_path = "models/vlm.yaml"
+    PARTS = {"image_encoder": ("image_encoder",), "projector": ("projector",), "language_model": ("lm",)}
+    HEAD = ("projector",)
+
+    def __init__(self, config: DictConfig):
+        super().__init__(config)
+        lm_cfg = config.language_model
+        self.lm = (load_causal_lm(lm_cfg.path, str(lm_cfg.attn_implementation)) if lm_cfg.get("path")
+                   else self._random_lm(config))
+        for key in ("image_token_id", "pad_token_id", "eos_token_id"):
+            if config.get(key) is None:
+                raise UserError(f"model_config.vlm.{key} is null and no dataset filled it in; use a dataset with a "
+                                "prompt_answer text processor (e.g. sort_of_clevr_generative) or set it.")
+        self.image_token_id, self.pad_token_id = int(config.image_token_id), int(config.pad_token_id)
+        self.eos_token_id = int(config.eos_token_id)
+        self.image_encoder = build_image_encoder(config.image_encoder)
+        self.shuffle = int(config.get("pixel_shuffle") or 1)
+        hidden = int(self.lm.get_input_embeddings().embedding_dim)
+        self.projector = Projector(int(self.image_encoder.out_dim) * self.shuffle ** 2, hidden,
+                                   int(config.projector_layers))
+        self.generation = dict(OmegaConf.to_container(config.generation, resolve=True))
+
+    @staticmethod
+    def _random_lm(config: DictConfig) -> torch.nn.Module:
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        spec = dict(OmegaConf.to_container(config.language_model.random, resolve=True) or {})
+        if config.get("vocab_size") is None or "model_type" not in spec:
+            raise UserError("model_config.vlm: with language_model.path null, language_model.random needs a "
+                            "model_type (e.g. llama) and a dataset must fill vocab_size.")
+        kind = spec.pop("model_type")
+        ids = {k: int(config[k]) for k in ("pad_token_id", "eos_token_id") if config.get(k) is not None}
+        lm_config = AutoConfig.for_model(kind, vocab_size=int(config.vocab_size), **ids, **spec)
+        lm_config._attn_implementation = str(config.language_model.attn_implementation)
+        return AutoModelForCausalLM.from_config(lm_config)
+
+    def image_tokens(self, pixels: torch.Tensor) -> torch.Tensor:
+        """Pixels -> ``B x tokens x hidden`` projected image tokens."""
+        return self.projector(grid_tokens(self.image_encoder(pixels), self.shuffle))
+
+    def embed(self, input_ids: torch.Tensor, pixels: torch.Tensor) -> torch.Tensor:
+        """The LM's input embeddings with the image tokens at the placeholders."""
+        embeds = self.lm.get_input_embeddings()(input_ids.masked_fill(input_ids.eq(self.image_token_id), 0))
+        return splice_image_tokens(embeds, input_ids, self.image_tokens(pixels), self.image_token_id)
+
+    def forward(self, batch: dict[str, Any]) -> dict[str, Any]:
+        ids = batch["input_ids"]
+        embeds = self.embed(ids, batch["image"])
+        out = self.lm(inputs_embeds=embeds, attention_mask=batch.get("attention_mask"), use_cache=False)
+        return {"scores": out.logits}
+
+    @torch.no_grad()
+    def generate(self, batch: dict[str, Any], **overrides: Any) -> torch.Tensor:
+        """Continue each prompt (right-padded, as collated) by greedy (``num_beams: 1``) or beam
+        decoding with the KV cache; returns ``B x max_new_tokens`` ids (after the end token: pad).
+        A batch with answers (``targets``) is cut before its first answer token, so one evaluation
+        batch serves both the loss and generation."""
+        opts = {**self.generation, **overrides}
+        mask = batch.get("attention_mask")
+        if mask is None:
+            mask = torch.ones_like(batch["input_ids"])
+        targets = batch.get("targets")
+        if targets is not None:  # a labelled batch: continue from the prompt, before the first answer token
+            labelled = targets.ne(IGNORE_INDEX)
+            first = torch.where(labelled.any(1), labelled.long().argmax(1), mask.long().sum(1))
+            mask = mask * (torch.arange(mask.size(1), device=mask.device) < first.unsqueeze(1)).to(mask.dtype)
+        ids, mask = left_align(batch["input_ids"], mask, self.pad_token_id)
+        embeds = self.embed(ids, batch["image"])
+        new = self.lm.generate(inputs_embeds=embeds, attention_mask=mask, do_sample=False,
+                               max_new_tokens=int(opts["max_new_tokens"]), num_beams=int(opts["num_beams"]),
+                               pad_token_id=self.pad_token_id, eos_token_id=self.eos_token_id,
+                               suppress_tokens=[self.image_token_id])  # never write a placeholder
+        width = int(opts["max_new_tokens"])
+        if new.size(1) < width:  # every row ended early: pad to a fixed width, so ranks can gather
+            new = torch.cat([new, new.new_full((new.size(0), width - new.size(1)), self.pad_token_id)], 1)
+        return new[:, :width]
+
+    def enable_gradient_checkpointing(self) -> None:
+        enable_lm = getattr(self.lm, "activation_checkpointing_enable", None)  # transformers >= 5
+        if enable_lm is not None:
+            enable_lm(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            self.lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable = getattr(self.image_encoder, "enable_gradient_checkpointing", None)
+        if enable is not None:
+            enable()
+
+    def shard_units(self) -> list[torch.nn.Module]:
+        layers = getattr(getattr(self.lm, "model", None), "layers", None)
+        return list(layers) if layers is not None else []
