@@ -73,6 +73,7 @@ def test_sigkilled_run_with_live_workers_restarts_within_0_2_s(tmp_path):
     assert safe_load(tmp_path / "save" / "checkpoints" / "last.ckpt")["trainer"]["update"] == 12
 
 
+@pytest.mark.slow  # ~25-50 s: one torchrun job, a restart and a reference run
 def test_rank_killed_under_torchrun_with_workers_resumes_bitwise(tmp_path):
     faults = [{"update": 5, "action": "sigkill", "rank": 1, "attempt": 0, "run": 0, "when": "after"}]
     faulted, straight = tmp_path / "faulted", tmp_path / "straight"
