@@ -209,9 +209,13 @@ class TrainStream(EpochStream):
 
 def eval_loader(dataset: Dataset, *, batch_size: int, collate_fn: Callable, rank: int,
                 world_size: int, num_workers: int = 0, pin_memory: bool = False) -> DataLoader:
-    """Sequential, rank-sharded loader; evaluation drops the sampler's padded duplicates itself."""
+    """Sequential, rank-sharded loader; evaluation drops the sampler's padded duplicates itself.
+
+    Its own generator: iterating a DataLoader draws a seed for its workers, from the global RNG
+    when it has none, and that draw moved every later dropout mask of the training run, so a run
+    trained differently with another evaluation_interval (benchmarks/parity.py, --evaluate-every)."""
     sampler = ResumableSampler(len(dataset), shuffle=False, seed=0, rank=rank,
                                world_size=world_size, drop_last=False)
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=collate_fn,
-                      num_workers=num_workers, pin_memory=pin_memory,
+                      num_workers=num_workers, pin_memory=pin_memory, generator=torch.Generator().manual_seed(0),
                       worker_init_fn=freeze_inherited if num_workers else None)
