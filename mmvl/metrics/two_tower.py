@@ -86,14 +86,15 @@ class ZeroShotClassification(TwoTowerMetric):
     the mean of its templates' normalised embeddings, renormalised. Each rank encodes its share
     of the classes (``c = rank, rank + W, ...``) and the shares are gathered, so the classifier is
     the same on every rank. ``text_processor``: a ``{type, params}`` processor, null for the
-    dataset's. Reports ``zero_shot_top{k}`` for each ``k``.
+    dataset's. ``target_key``: the batch key holding the class indices (``targets``; e.g. ``label`` for
+    ``image_text_shards`` with ``label_names``). Reports ``zero_shot_top{k}`` for each ``k``.
     """
 
     name = "zero_shot"
 
     def __init__(self, classnames: Any = (), templates: Sequence[str] = ("a photo of a {}.",),
                  k: Sequence[int] | int = (1, 5), image_key: str = "image", text_processor: Any = None,
-                 text_batch_size: int = 256):
+                 text_batch_size: int = 256, target_key: str = "targets"):
         self.classnames = _lines(classnames, "classnames")
         self.templates = _lines(templates, "templates")
         if not self.classnames or not self.templates:
@@ -104,7 +105,8 @@ class ZeroShotClassification(TwoTowerMetric):
         self.ks = [int(x) for x in ([k] if isinstance(k, int) else k)]
         if not self.ks or min(self.ks) < 1:
             raise UserError(f"metric 'zero_shot': k must be positive integers, got {k!r}.")
-        self.required_keys = (image_key, "targets")
+        self.required_keys = (image_key, str(target_key))
+        self.target_key = str(target_key)
         self.image_key, self.processor_config = image_key, text_processor
         self.text_batch_size = max(1, int(text_batch_size))
 
@@ -130,9 +132,9 @@ class ZeroShotClassification(TwoTowerMetric):
 
     def update(self, batch: Mapping[str, Any], output: Mapping[str, Any]) -> None:
         self.check(batch, output)
-        labels = labels_of(batch["targets"]).to(self.classifier.device)
+        labels = labels_of(batch[self.target_key]).to(self.classifier.device)
         if labels.numel() and not (0 <= int(labels.min()) and int(labels.max()) < len(self.classnames)):
-            raise UserError(f"metric 'zero_shot': targets must index the {len(self.classnames)} classnames; got "
+            raise UserError(f"metric 'zero_shot': {self.target_key} must index the {len(self.classnames)} classnames; got "
                             f"labels in [{int(labels.min())}, {int(labels.max())}].")
         logits = self.model.encode_image(batch[self.image_key].to(self.classifier.device)).float() @ self.classifier.T
         top = logits.topk(min(max(self.ks), logits.shape[1]), dim=1).indices

@@ -50,3 +50,43 @@ def test_accumulation_keeps_the_contrast_global_and_caching_off_is_refused(data,
                  "model_config.clip.losses=[{type: clip, params: {cache_features: false}}]")
     results = big.evaluate("val")["image_text_shards"]
     assert {"recall@1", "recall@5", "recall@1/i2t", "clip"} <= set(results)
+
+
+@pytest.mark.slow  # ~5 s: a Trainer (timm, the MiniLM tokenizer, shards)
+def test_clip_with_ema_layer_decay_and_retrieval(data, tmp_path):
+    """The knobs of docs/contrastive_eval.md on the real clip model: layer-wise lr per tower, the EMA
+    weights evaluated by the two-tower metrics (through the encoders), the live weights back after."""
+    from mmvl.data.sample import collate
+    from mmvl.metrics import build_metrics
+
+    trainer = _trainer(data, tmp_path / "knobs", "training.batch_size=8", "training.ema.decay=0.5",
+                       "optimizer.layer_decay=0.5", "optimizer.no_weight_decay=[logit_scale]")
+    module = trainer.engine.unwrap_model(trainer.model)
+    group = {id(p): g for g in trainer.optimizer.param_groups for p in g["params"]}
+    lr = {n: group[id(p)]["lr"] for n, p in module.named_parameters()}
+    assert lr["image_encoder.model.blocks.0.attn.qkv.weight"] == pytest.approx(0.1 * 0.25)
+    assert lr["image_encoder.model.blocks.1.attn.qkv.weight"] == pytest.approx(0.1 * 0.5)
+    assert lr["text_encoder.transformer.resblocks.0.attn.in_proj_weight"] == pytest.approx(0.1 * 0.25)
+    assert lr["text_projection.weight"] == pytest.approx(0.1) == lr["logit_scale"]
+    assert group[id(module.logit_scale)]["weight_decay"] == 0.0
+    trainer.fit()
+    ema = next(c for c in trainer.callbacks if type(c).__name__ == "EmaCallback")
+    assert ema.updates == 2
+    live = {k: v.detach().clone() for k, v in module.state_dict().items()}
+    got = trainer.evaluate("val")["image_text_shards"]
+    for k, v in module.state_dict().items():  # the live weights are back
+        torch.testing.assert_close(v, live[k], rtol=0, atol=0)
+    val = trainer.builders["image_text_shards"].build("val")
+    batch = collate([val[i] for i in range(len(val))])
+    specs = [m for m in trainer.config.dataset_config.image_text_shards.metrics if m.type == "retrieval"]
+
+    def direct() -> dict[str, float]:
+        (metric,) = build_metrics(specs)
+        metric.bind(module, lambda: trainer.builders["image_text_shards"].text_processor)
+        with torch.no_grad():
+            return metric(batch, {})
+
+    with ema.evaluating("val"):
+        expected = direct()
+    assert {k: got[k] for k in expected} == pytest.approx(expected, abs=1e-6)
+    assert any(not torch.equal(w, live[n]) for n, w in ema.state()["weights"].items())  # an average, not a copy

@@ -14,6 +14,7 @@ one error naming it.
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +36,10 @@ class SampleMaker:
     """Decodes raw samples into items; counts the images it had to skip (per process)."""
 
     def __init__(self, name: str, text_processor: Any, image_processor: Any, negative_ratio: float, seed: int,
-                 mask: bool, collate: Any, firsts: np.ndarray):
+                 mask: bool, collate: Any, firsts: np.ndarray, label_names: list[str] | None = None):
         self.name, self.text_processor, self.image_processor = name, text_processor, image_processor
+        self.label_names = label_names or []
+        self.label_patterns = [re.compile(r"\b" + re.escape(n) + r"\b", re.IGNORECASE) for n in self.label_names]
         self.negative_ratio, self.seed, self.mask, self.collate = negative_ratio, seed, mask, collate
         self.firsts, self.skipped = firsts, 0
 
@@ -49,8 +52,19 @@ class SampleMaker:
                         self.name, raw.get("__key__"), shard, e, self.skipped)
             return None
 
-    def item(self, uid: int, image: Any, caption: str, target: int, rng: list[int] | None) -> dict[str, Any]:
+    def label_of(self, caption: str) -> int:
+        """The index of the one ``label_names`` entry that ``caption`` names (as a whole word)."""
+        found = [i for i, p in enumerate(self.label_patterns) if p.search(caption)]
+        if len(found) != 1:
+            raise UserError(f"{self.name}: label_names: caption {caption!r} names {len(found)} of "
+                            f"{self.label_names}; each caption must name exactly one (or set label_names: null).")
+        return found[0]
+
+    def item(self, uid: int, image: Any, caption: str, target: int, rng: list[int] | None,
+             own_caption: str | None = None) -> dict[str, Any]:
         out: dict[str, Any] = {"id": uid, "image": image, "targets": target}
+        if self.label_patterns:  # the class the image's own caption names (zero-shot evaluation reads it)
+            out["label"] = self.label_of(caption if own_caption is None else own_caption)
         out.update(self.text_processor(caption, rng=rng) if rng is not None else self.text_processor(caption))
         return out
 
@@ -66,7 +80,8 @@ class SampleMaker:
             if n > 1 and rng.random() < self.negative_ratio:
                 partner = (i + 1 + int(rng.integers(n - 1))) % n
             mask = [self.seed, epoch, s, o, 1] if self.mask else None
-            items.append(self.item(int(self.firsts[s]) + o, image, kept[partner][2][1], int(partner == i), mask))
+            items.append(self.item(int(self.firsts[s]) + o, image, kept[partner][2][1], int(partner == i), mask,
+                                   kept[i][2][1]))
         return self.collate(items)
 
 
@@ -109,7 +124,7 @@ class ShardIndexDataset(Dataset):
             if n > 1 and rng.random() < self.maker.negative_ratio:
                 partner = (row + 1 + int(rng.integers(n - 1))) % n
             caption = got[1] if partner == row else sh.caption_of(self._read(partner))
-            return self.maker.item(row, got[0], caption, int(partner == row), None)
+            return self.maker.item(row, got[0], caption, int(partner == row), None, got[1])
         raise UserError(f"{self.maker.name}: no image of {[str(p) for p in self.paths]} decodes; write the shards again.")
 
 
@@ -141,8 +156,9 @@ class ImageTextShardsBuilder(COCOCaptionsBuilder):
         mask = masking and (split == "train" or bool(self.cfg.get("mask_eval", False)))
         paths = self.shard_paths(split)
         counts = [sh.count_samples(p, self.name) for p in paths]
+        names = self.cfg.get("label_names")
         return SampleMaker(self.name, self.text_processor, self.image_processor, ratio, int(self.cfg.get("seed", 0)),
-                           mask, self.collate, np.cumsum([0] + counts))
+                           mask, self.collate, np.cumsum([0] + counts), [str(n) for n in names or []])
 
     def build(self, split: str) -> Dataset:
         if split in self._datasets:
