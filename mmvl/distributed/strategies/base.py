@@ -7,7 +7,6 @@ must leave the model unchanged in behaviour.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import inspect
 import warnings
 from typing import Any, Iterator
@@ -15,18 +14,11 @@ from typing import Any, Iterator
 import torch
 from omegaconf import DictConfig
 
-from mmvl.config import schema
 from mmvl.distributed.env import DistEnv
+from mmvl.distributed.sections import typed_section
 
 
 
-def typed_section(config: Any, name: str) -> Any:
-    """The typed section ``name`` of ``config`` (None: the schema's defaults); a field set to null
-    takes its declared default, as the config's own look-up does."""
-    typed = schema.section(config if config is not None else {}, name)
-    unset = {f.name: f.default for f in dataclasses.fields(typed)
-             if getattr(typed, f.name) is None and f.default is not dataclasses.MISSING}
-    return dataclasses.replace(typed, **unset) if unset else typed
 
 class Strategy:
     """Base strategy: one process, one device, nothing wrapped."""
