@@ -15,9 +15,9 @@ from typing import Any, Mapping, NoReturn
 import torch
 import torch.distributed as dist
 
-from mmvl.config.access import config_value  # noqa: F401  (also imported from here by strategies)
 from mmvl.config.schema import BACKENDS
 from mmvl.distributed.env import DistEnv
+from mmvl.distributed.sections import typed_section
 from mmvl.distributed.slurm import detect_slurm
 from mmvl.errors import UserError
 from mmvl.utils.rng import seed_everything
@@ -33,19 +33,19 @@ def device_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def export_nccl_env(config: Any) -> dict[str, str]:
-    """Export ``distributed.nccl.*`` knobs as ``NCCL_*`` variables (only those set)."""
+def export_nccl_env(distributed: Any) -> dict[str, str]:
+    """Export the typed ``distributed`` section's ``nccl.*`` knobs as ``NCCL_*`` variables (only those set)."""
     exported = {}
     for key, var in NCCL_KNOBS.items():
-        value = config_value(config, f"distributed.nccl.{key}")
+        value = getattr(distributed.nccl, key)
         if value is not None:
             os.environ[var] = exported[var] = str(value)
     return exported
 
 
-def _wanted_device(config: Any) -> tuple[bool, int | None]:
+def _wanted_device(training: Any) -> tuple[bool, int | None]:
     """``training.device`` as (use CUDA, explicit index or None); raises on a value we cannot honour."""
-    wanted = str(config_value(config, "training.device", "auto")).strip().lower()
+    wanted = str(training.device).strip().lower()
     kind, _, index = wanted.partition(":")
     if kind not in ("auto", "cpu", "cuda") or (index and (kind != "cuda" or not index.isdigit())):
         raise UserError(f"training.device={wanted!r} is not one of auto, cpu, cuda, cuda:N.")
@@ -61,8 +61,8 @@ def _wanted_device(config: Any) -> tuple[bool, int | None]:
     return True, int(index) if index else None
 
 
-def _backend(config: Any, cuda: bool) -> str:
-    backend = str(config_value(config, "distributed.backend", "auto")).lower()
+def _backend(distributed: Any, cuda: bool) -> str:
+    backend = str(distributed.backend).lower()
     if backend not in BACKENDS:
         raise UserError(f"distributed.backend={backend!r} is not one of {', '.join(BACKENDS)}; use auto.")
     if backend == "auto":
@@ -112,32 +112,33 @@ def detect_launcher(config: Any, env: Mapping[str, str]) -> dict[str, Any] | Non
         return {"source": "torchrun", "rank": int(env["RANK"]), "world_size": world,
                 "local_rank": int(local) if local is not None else (argv_local_rank() or 0),
                 "local_world_size": int(env.get("LOCAL_WORLD_SIZE", world)), "init_method": "env://"}
-    init_method = config_value(config, "distributed.init_method")
-    slurm = detect_slurm(config_value(config, "distributed.port"), env)
+    distributed = typed_section(config, "distributed")
+    init_method = distributed.init_method
+    slurm = detect_slurm(distributed.port, env)
     if slurm is not None:
         return {"source": "SLURM", "rank": slurm.rank, "world_size": slurm.world_size,
                 "local_rank": slurm.local_rank, "local_world_size": slurm.local_world_size,
                 "init_method": init_method or f"tcp://{slurm.master_addr}:{slurm.master_port}"}
     if init_method:
-        world = int(config_value(config, "distributed.world_size", 1))
-        rank = int(config_value(config, "distributed.rank", 0))
+        world = int(distributed.world_size if distributed.world_size is not None else 1)
+        rank = int(distributed.rank)
         if world < 1 or not 0 <= rank < world:
             raise UserError(f"distributed.rank={rank} is outside distributed.world_size={world}; "
                             "give each process a rank from 0 to world_size-1.")
         per_node = max(1, device_count())
-        local = int(config_value(config, "distributed.local_rank", rank % per_node))
+        local = int(distributed.local_rank if distributed.local_rank is not None else rank % per_node)
         return {"source": "init_method", "rank": rank, "world_size": world, "local_rank": local,
                 "local_world_size": min(per_node, world), "init_method": init_method}
     return None
 
 
-def check_world_size(config: Any, launched: int) -> None:
+def check_world_size(distributed: Any, launched: int) -> None:
     """A ``distributed.world_size`` the user set must agree with the launcher.
 
     Values of 1 or ``device_count()`` (the default) count as unset, since a
     multi-node launcher legitimately starts more processes than one node has GPUs.
     """
-    configured = config_value(config, "distributed.world_size")
+    configured = distributed.world_size
     if configured is None or launched <= 1:
         return
     configured = int(configured)
@@ -166,8 +167,9 @@ def local_device_index(local_rank: int, source: str) -> int:
 def init_distributed(config: Any = None, environ: Mapping[str, str] | None = None) -> DistEnv:
     """Read the launcher, join the process group when there is more than one process, pick the device."""
     environ = os.environ if environ is None else environ
-    export_nccl_env(config)
-    cuda, index = _wanted_device(config)
+    distributed, training = typed_section(config, "distributed"), typed_section(config, "training")
+    export_nccl_env(distributed)
+    cuda, index = _wanted_device(training)
     layout = detect_launcher(config, environ)
     if layout is None and dist.is_available() and dist.is_initialized():
         layout = {"source": "existing", "rank": dist.get_rank(), "world_size": dist.get_world_size(),
@@ -179,7 +181,7 @@ def init_distributed(config: Any = None, environ: Mapping[str, str] | None = Non
             torch.cuda.set_device(index)
         device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
         return DistEnv(device=device)
-    check_world_size(config, layout["world_size"])
+    check_world_size(distributed, layout["world_size"])
     local_rank = layout["local_rank"]
     if cuda:
         index = local_device_index(local_rank, layout["source"])
@@ -187,9 +189,9 @@ def init_distributed(config: Any = None, environ: Mapping[str, str] | None = Non
         device = torch.device("cuda", index)
     else:
         device = torch.device("cpu")
-    backend = _backend(config, cuda)
+    backend = _backend(distributed, cuda)
     if not dist.is_initialized():
-        minutes = float(config_value(config, "distributed.timeout_minutes", DEFAULT_TIMEOUT_MINUTES))
+        minutes = float(distributed.timeout_minutes)
         log.info("Joining process group: %s rank %d/%d via %s (%s)", layout["source"], layout["rank"],
                  layout["world_size"], layout["init_method"], backend)
         _join(backend, layout, datetime.timedelta(minutes=minutes))

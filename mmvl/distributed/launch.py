@@ -28,8 +28,8 @@ import uuid
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from mmvl.config.access import config_value
 from mmvl.distributed.init import detect_launcher, device_count
+from mmvl.distributed.sections import typed_section
 from mmvl.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -49,16 +49,17 @@ def processes_to_start(config: Any, environ: Mapping[str, str] | None = None) ->
     environ = os.environ if environ is None else environ
     if detect_launcher(config, environ) is not None or (dist.is_available() and dist.is_initialized()):
         return 0
-    world = int(config_value(config, "distributed.world_size", 1))
+    world = typed_section(config, "distributed").world_size
+    world = int(world if world is not None else 1)
     return world if world > 1 else 0
 
 
 def _check(config: Any, nproc: int) -> int:
     """``distributed.max_restarts``, after checking that this machine can hold ``nproc`` workers."""
-    restarts = int(config_value(config, "distributed.max_restarts", 0))
+    restarts = int(typed_section(config, "distributed").max_restarts)
     if restarts < 0:
         raise UserError(f"distributed.max_restarts={restarts} must be 0 or more.")
-    device = str(config_value(config, "training.device", "auto")).lower()
+    device = str(typed_section(config, "training").device).lower()
     gpus = device_count()
     if device != "cpu" and gpus and nproc > gpus:
         raise UserError(f"distributed.world_size={nproc} but this machine has {gpus} CUDA devices; without "
@@ -76,7 +77,7 @@ def launch_local(config: Any, module: str, opts: list[str]) -> int:
 
     nproc = processes_to_start(config)
     restarts = _check(config, nproc)
-    port = int(config_value(config, "distributed.port", -1))
+    port = int(typed_section(config, "distributed").port)
     options: dict[str, Any] = dict(
         min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=uuid.uuid4().hex, rdzv_backend="c10d",
         rdzv_endpoint=f"localhost:{port if port > 0 else 0}", max_restarts=restarts, start_method="spawn",

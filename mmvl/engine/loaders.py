@@ -30,7 +30,7 @@ from mmvl.engine.shards import RankBatches, SeedableRandomSampler, ShardedIterab
 from mmvl.errors import UserError
 
 if TYPE_CHECKING:
-    from mmvl.engine.core import Engine
+    from mmvl.engine.clock import StepClock
 
 
 def _settings(loader: DataLoader) -> dict[str, Any]:
@@ -56,7 +56,7 @@ class PreparedLoader(DeviceLoader):
     user generators' states from which that epoch's order is drawn, when there are any).
     """
 
-    def __init__(self, engine: "Engine", loader: DataLoader, seed: int, config: Any = None):
+    def __init__(self, engine: "StepClock", loader: DataLoader, seed: int, config: Any = None):
         self.engine, self.user_loader, self.seed = engine, loader, int(seed)
         config = config if config is not None else DataLoaderConfiguration()
         rank, world = engine.rank, engine.world_size

@@ -19,7 +19,7 @@ import torch
 from mmvl.data.sample import DevicePrefetcher, to_device
 
 if TYPE_CHECKING:
-    from mmvl.engine.core import Engine
+    from mmvl.engine.clock import StepClock
 
 log = logging.getLogger("mmvl")
 
@@ -34,7 +34,7 @@ class PreparedOptimizer:
     optimizer.
     """
 
-    def __init__(self, engine: "Engine", optimizer: torch.optim.Optimizer):
+    def __init__(self, engine: "StepClock", optimizer: torch.optim.Optimizer):
         self.engine = engine
         self.optimizer = optimizer
         #: fp16: True (on the device) when the scaler skipped the last update; None otherwise
@@ -111,7 +111,7 @@ class PreparedScheduler:
     updates that were taken.
     """
 
-    def __init__(self, engine: "Engine", scheduler: Any):
+    def __init__(self, engine: "StepClock", scheduler: Any):
         self.engine = engine
         self.scheduler = scheduler
         self._skipped: torch.Tensor | None = None  # skipped updates not yet taken back (device)

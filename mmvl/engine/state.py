@@ -21,7 +21,7 @@ from mmvl.optim import implementation_of, restore_implementation
 from mmvl.utils.rng import get_rng_state, set_rng_state
 
 if TYPE_CHECKING:
-    from mmvl.engine.core import Engine
+    from mmvl.engine.clock import CheckpointOwner
 
 
 class ModelState:
@@ -43,7 +43,7 @@ class ModelState:
 class OptimizerState:
     """The prepared optimizer's full state, through the strategy (consolidated on rank 0 for ZeRO)."""
 
-    def __init__(self, engine: "Engine"):
+    def __init__(self, engine: "CheckpointOwner"):
         self.engine = engine
 
     def state_dict(self) -> dict[str, Any]:
@@ -104,7 +104,7 @@ def load_sharded(directory: str | os.PathLike[str], strategy: Strategy, model: t
         restore_implementation(optimizer, built)
 
 
-def save_checkpoint(engine: "Engine", manager: CheckpointManager, update: int, is_best: bool = False,
+def save_checkpoint(engine: "CheckpointOwner", manager: CheckpointManager, update: int, is_best: bool = False,
                     full: bool = False) -> None:
     """Checkpoint ``update`` (every rank calls this).
 

@@ -6,6 +6,7 @@ import torch
 
 from dist_contract import StrategyContract
 from dist_models import make_config
+from mmvl.config.schema import section
 from mmvl.distributed.env import DistEnv
 from mmvl.distributed.strategies import build_strategy, resolve_strategy_name
 from mmvl.errors import UserError
@@ -66,7 +67,8 @@ def test_enable_state_sharding_with_a_replicating_strategy_is_a_user_error(strat
 def test_ddp_options_from_config():
     from mmvl.distributed.strategies.ddp import ddp_options
 
-    options = ddp_options(make_config("ddp", {"broadcast_buffers": False, "find_unused_parameters": True}))
+    options = ddp_options(section(make_config("ddp", {"broadcast_buffers": False, "find_unused_parameters": True}),
+                                  "distributed"))
     assert options["find_unused_parameters"] is True
     assert False in [options.get("forward_sync_buffers"), options.get("broadcast_buffers")]
 
@@ -113,6 +115,6 @@ def test_ddp_wraps_on_the_gpu_init_chose(monkeypatch, local_rank, device, want):
 
     seen = {}
     monkeypatch.setattr(ddp, "DistributedDataParallel", lambda model, device_ids, **kw: seen.update(ids=device_ids))
-    ddp.wrap_ddp(torch.nn.Linear(2, 2), make_config("ddp"), DistEnv(world_size=4, local_rank=local_rank,
-                                                                    device=device))
+    ddp.wrap_ddp(torch.nn.Linear(2, 2), section(make_config("ddp"), "distributed"),
+                 DistEnv(world_size=4, local_rank=local_rank, device=device))
     assert seen["ids"] == want

@@ -7,9 +7,9 @@ import torch
 
 from mmvl.distributed import comm
 from mmvl.distributed.env import DistEnv
-from mmvl.distributed.init import config_value
 # importing each module registers its strategy
 from mmvl.distributed.strategies import ddp, dp, fsdp, single, zero_fairscale, zero_torch  # noqa: F401
+from mmvl.distributed.sections import typed_section
 from mmvl.distributed.strategies.base import Strategy
 from mmvl.errors import UserError
 from mmvl.registry import STRATEGIES
@@ -26,8 +26,9 @@ def resolve_strategy_name(config: Any, env: DistEnv) -> str:
     zero_fairscale for several processes; a named strategy that does not shard the
     optimizer state contradicts it (a UserError, not a silent choice of one of the two).
     """
-    name = str(config_value(config, "distributed.strategy", "auto"))
-    sharding = bool(config_value(config, "optimizer.enable_state_sharding", False))
+    distributed = typed_section(config, "distributed")
+    name = str(distributed.strategy)
+    sharding = bool(typed_section(config, "optimizer").enable_state_sharding)
     if name != "auto":
         if sharding and not getattr(STRATEGIES.get(name), "shards_optimizer_state", False):
             shards = [n for n in STRATEGIES.names() if getattr(STRATEGIES.get(n), "shards_optimizer_state", False)]
@@ -38,7 +39,7 @@ def resolve_strategy_name(config: Any, env: DistEnv) -> str:
     if env.world_size > 1:
         return "zero_fairscale" if sharding else "ddp"
     if (env.device.type == "cuda" and torch.cuda.device_count() > 1
-            and config_value(config, "distributed.data_parallel", False)):
+            and distributed.data_parallel):
         return "dp"
     return "single"
 

@@ -15,6 +15,9 @@ import torch
 from omegaconf import DictConfig
 
 from mmvl.distributed.env import DistEnv
+from mmvl.distributed.sections import typed_section
+
+
 
 
 class Strategy:
@@ -34,6 +37,9 @@ class Strategy:
         self.config = config
         self.env = env
         self.compute_dtype = compute_dtype
+        #: the typed ``distributed`` and ``training`` sections the strategies read (not ``self.config``)
+        self.distributed = typed_section(config, "distributed")
+        self.training = typed_section(config, "training")
 
     # -- set-up -----------------------------------------------------------
     def wrap(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None

@@ -3,12 +3,11 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from mmvl.distributed.init import config_value
 from mmvl.distributed.strategies.base import Strategy
 from mmvl.registry import register_strategy
 
@@ -18,22 +17,23 @@ _BUFFER_SYNC = ("forward_sync_buffers" if "forward_sync_buffers" in inspect.sign
                 else "broadcast_buffers")
 
 
-def ddp_options(config) -> dict:
-    """DDP keyword arguments from ``distributed.*`` (MMF's ``training.find_unused_parameters`` is mapped
-    to ``distributed.find_unused_parameters`` when the config is loaded)."""
+def ddp_options(distributed: Any) -> dict:
+    """DDP keyword arguments from the typed ``distributed`` section (MMF's
+    ``training.find_unused_parameters`` is mapped to ``distributed.find_unused_parameters`` when the
+    config is loaded)."""
     return {
-        "find_unused_parameters": bool(config_value(config, "distributed.find_unused_parameters", False)),
-        "static_graph": bool(config_value(config, "distributed.static_graph", False)),
-        "bucket_cap_mb": float(config_value(config, "distributed.bucket_cap_mb", 25)),
-        "gradient_as_bucket_view": bool(config_value(config, "distributed.gradient_as_bucket_view", False)),
-        _BUFFER_SYNC: bool(config_value(config, "distributed.broadcast_buffers", True)),
+        "find_unused_parameters": bool(distributed.find_unused_parameters),
+        "static_graph": bool(distributed.static_graph),
+        "bucket_cap_mb": float(distributed.bucket_cap_mb),
+        "gradient_as_bucket_view": bool(distributed.gradient_as_bucket_view),
+        _BUFFER_SYNC: bool(distributed.broadcast_buffers),
     }
 
 
-def wrap_ddp(model: torch.nn.Module, config, env) -> DistributedDataParallel:
+def wrap_ddp(model: torch.nn.Module, distributed: Any, env) -> DistributedDataParallel:
     # the GPU init_distributed chose, which is not the local rank under SLURM --gpus-per-task
     device_ids = [env.device.index] if env.device.type == "cuda" else None
-    return DistributedDataParallel(model, device_ids=device_ids, **ddp_options(config))
+    return DistributedDataParallel(model, device_ids=device_ids, **ddp_options(distributed))
 
 
 @register_strategy("ddp")
@@ -48,7 +48,7 @@ class DDPStrategy(Strategy):
     needs_process_group = True
 
     def wrap(self, model, optimizer):
-        return wrap_ddp(model, self.config, self.env), optimizer
+        return wrap_ddp(model, self.distributed, self.env), optimizer
 
     def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
         return model.module if isinstance(model, DistributedDataParallel) else model

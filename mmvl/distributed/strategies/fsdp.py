@@ -14,7 +14,6 @@ from typing import Any, Iterator
 
 import torch
 
-from mmvl.distributed.init import config_value
 from mmvl.distributed.strategies.base import Strategy
 from mmvl.errors import UserError
 from mmvl.registry import register_strategy
@@ -76,9 +75,9 @@ class FSDPStrategy(Strategy):
         policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None)
         mesh = init_device_mesh(self.env.device.type, (self.env.world_size,))
         units = list(model.shard_units()) if hasattr(model, "shard_units") else []
-        if config_value(self.config, "training.gradient_checkpointing", False):
+        if self.training.gradient_checkpointing:
             self._checkpoint_activations(model, units)
-        reshard = bool(config_value(self.config, "distributed.reshard_after_forward", True))
+        reshard = bool(self.distributed.reshard_after_forward)
         old_names = _param_names(model)
         for unit in units:
             fully_shard(unit, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
@@ -164,4 +163,4 @@ class FSDPStrategy(Strategy):
     # -- sharded state: each rank writes/reads its own part -----------------------------------
     @property
     def sharded_checkpoint(self) -> bool:
-        return bool(config_value(self.config, "distributed.sharded_checkpoint", False))
+        return bool(self.distributed.sharded_checkpoint)

@@ -10,7 +10,6 @@ from typing import Any, Iterator
 
 import torch
 
-from mmvl.distributed.init import config_value
 from mmvl.distributed.strategies.base import Strategy
 from mmvl.distributed.strategies.zero_torch import fix_step_state, shallow_state_copy
 from mmvl.errors import UserError
@@ -42,12 +41,12 @@ class ZeroFairscaleStrategy(Strategy):
         OSS, ShardedDataParallel = _fairscale()
         # broadcast_fp16 halves the parameter broadcast but rounds the other ranks' weights: opt-in only
         optimizer = OSS(self.param_groups(optimizer), optim=type(optimizer),
-                        broadcast_fp16=bool(config_value(self.config, "distributed.broadcast_fp16", False)),
+                        broadcast_fp16=bool(self.distributed.broadcast_fp16),
                         **self.optimizer_defaults(optimizer))
         model = ShardedDataParallel(
             model, optimizer,
-            broadcast_buffers=bool(config_value(self.config, "distributed.broadcast_buffers", True)),
-            reduce_buffer_size=int(config_value(self.config, "distributed.reduce_buffer_size", 2**23)))
+            broadcast_buffers=bool(self.distributed.broadcast_buffers),
+            reduce_buffer_size=int(self.distributed.reduce_buffer_size))
 
         def zero_grad(set_to_none: bool = True) -> None:
             model.zero_grad(set_to_none=set_to_none)
