@@ -47,7 +47,13 @@ def test_every_case_passing_on_accelerate_passes_on_mmvl(world, tmp_path):
     ids = [c.id for c in cases_at(world)]
     accelerate = run_cases("accelerate", world, ids, out=tmp_path / "accelerate")
     mmvl = run_cases("mmvl", world, ids, out=tmp_path / "mmvl")
-    # the harness runs Accelerate as its launcher would: every case not listed passes there
+    # the harness runs Accelerate as its launcher would: every case not listed passes there. Accelerate is
+    # the reference, not what is under test: a case of it that failed unlisted runs once more (seen once,
+    # 2026-12-04: one world-2 test_sync case failed on Accelerate beside a running test suite, and passed
+    # on the next run), so a busy machine cannot pass off a reference failure as a broken harness
+    again = [c for c in ids if not accelerate[c][0] and not _listed(c, world)]
+    if again:
+        accelerate.update(run_cases("accelerate", world, again, out=tmp_path / "accelerate_again"))
     broken = {c: (accelerate[c][1] or "")[:600] for c in ids if not accelerate[c][0] and not _listed(c, world)}
     assert not broken, f"cases failing on Accelerate itself, not listed in FAILS_ON_ACCELERATE: {broken}"
     regressions = {c: (mmvl[c][1] or "")[:1500] for c in ids if accelerate[c][0] and not mmvl[c][0]}
