@@ -10,13 +10,13 @@ from typing import Any, Callable, Iterator
 from mmvl.distributed import comm
 from mmvl.engine import nested
 from mmvl.engine.accelerate import MIXED_PRECISION, DistributedType
-from mmvl.engine.process import AcceleratorState
+from mmvl.engine.process import AcceleratorState, ProcessIndex
 from mmvl.errors import UserError
 
 _NAMES = {v: k for k, v in MIXED_PRECISION.items()}
 
 
-class ProcessMembers:
+class ProcessMembers(ProcessIndex):
     """Process queries, precision names, main-process-first blocks and per-process decorators."""
 
     env: Any
@@ -26,30 +26,6 @@ class ProcessMembers:
     project_dir: str | None = None
 
     # -- processes ----------------------------------------------------------------
-    @property
-    def num_processes(self) -> int:
-        return self.env.world_size
-
-    @property
-    def process_index(self) -> int:
-        return self.env.rank
-
-    @property
-    def local_process_index(self) -> int:
-        return self.env.local_rank
-
-    @property
-    def is_local_main_process(self) -> bool:
-        return self.env.local_rank == 0
-
-    @property
-    def is_last_process(self) -> bool:
-        return self.env.rank == self.env.world_size - 1
-
-    @property
-    def use_distributed(self) -> bool:
-        return self.env.world_size > 1
-
     @property
     def state(self) -> AcceleratorState:
         """The process's state (rank, world size, device, distribution), shared with ``AcceleratorState()``."""

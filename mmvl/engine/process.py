@@ -17,7 +17,38 @@ from mmvl.engine import nested
 _SHARED: dict[str, Any] = {}
 
 
-class AcceleratorState:
+class ProcessIndex:
+    """The members about a process's place that ``Accelerator`` and ``AcceleratorState`` both have,
+    read from the ``env`` (a :class:`~mmvl.distributed.env.DistEnv`) of the class it is mixed into."""
+
+    env: Any
+
+    @property
+    def num_processes(self) -> int:
+        return self.env.world_size
+
+    @property
+    def process_index(self) -> int:
+        return self.env.rank
+
+    @property
+    def local_process_index(self) -> int:
+        return self.env.local_rank
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return self.env.local_rank == 0
+
+    @property
+    def is_last_process(self) -> bool:
+        return self.env.rank == self.env.world_size - 1
+
+    @property
+    def use_distributed(self) -> bool:
+        return self.env.world_size > 1
+
+
+class AcceleratorState(ProcessIndex):
     """The process's rank, world size, device and distribution, as the latest Engine set them up."""
 
     def __init__(self, *args: Any, **kwargs: Any):
@@ -58,36 +89,12 @@ class AcceleratorState:
         return "env" in _SHARED
 
     @property
-    def num_processes(self) -> int:
-        return self.env.world_size
-
-    @property
-    def process_index(self) -> int:
-        return self.env.rank
-
-    @property
-    def local_process_index(self) -> int:
-        return self.env.local_rank
-
-    @property
     def device(self) -> Any:
         return self.env.device
 
     @property
     def is_main_process(self) -> bool:
         return self.env.rank == 0
-
-    @property
-    def is_local_main_process(self) -> bool:
-        return self.env.local_rank == 0
-
-    @property
-    def is_last_process(self) -> bool:
-        return self.env.rank == self.env.world_size - 1
-
-    @property
-    def use_distributed(self) -> bool:
-        return self.env.world_size > 1
 
     def wait_for_everyone(self) -> None:
         comm.synchronize()
