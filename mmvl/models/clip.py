@@ -40,6 +40,8 @@ class Clip(BaseModel):
     config_path = "models/clip.yaml"
     PARTS = {"image_encoder": ("image_encoder",), "text_encoder": ("text_encoder",),
              "projections": ("image_projection", "text_projection"), "logit_scale": ("logit_scale", "logit_bias")}
+    #: what ``base`` leaves trainable: the projections and the temperature (``freeze: [base]`` locks both towers)
+    HEAD = ("image_projection", "text_projection", "logit_scale", "logit_bias")
 
     def __init__(self, config: DictConfig):
         super().__init__(config)
@@ -51,9 +53,10 @@ class Clip(BaseModel):
         self.text_projection = nn.Linear(self.text_encoder.width, embed, bias=False)
         nn.init.normal_(self.image_projection.weight, std=self.image_encoder.out_dim ** -0.5)
         nn.init.normal_(self.text_projection.weight, std=self.text_encoder.width ** -0.5)
-        self.logit_scale = nn.Parameter(torch.tensor(float(cfg["init_logit_scale"])))
+        # shape [1], not a scalar: fsdp's fully_shard refuses scalar parameters (forward returns scalars)
+        self.logit_scale = nn.Parameter(torch.tensor([float(cfg["init_logit_scale"])]))
         bias = cfg.get("init_logit_bias")
-        self.logit_bias = nn.Parameter(torch.tensor(float(bias))) if bias is not None else None
+        self.logit_bias = nn.Parameter(torch.tensor([float(bias)])) if bias is not None else None
         if cfg.get("open_clip_weights"):
             load_open_clip(self, str(cfg["open_clip_weights"]))
 
@@ -69,7 +72,7 @@ class Clip(BaseModel):
 
     def scale(self) -> torch.Tensor:
         """``exp(logit_scale)``, at most 100."""
-        return self.logit_scale.clamp(max=MAX_LOG_SCALE).exp()
+        return self.logit_scale.clamp(max=MAX_LOG_SCALE).exp().reshape(())
 
     def forward(self, batch: dict[str, Any]) -> dict[str, Any]:
         if "image" not in batch or "input_ids" not in batch:
@@ -83,8 +86,9 @@ class Clip(BaseModel):
         scores = scale * text @ image.T.to(text.dtype)
         out = {"image_features": image, "text_features": text, "logit_scale": scale}
         if self.logit_bias is not None:
-            out["logit_bias"] = self.logit_bias
-            scores = scores + self.logit_bias
+            bias = self.logit_bias.reshape(())
+            out["logit_bias"] = bias
+            scores = scores + bias
         out["scores"] = scores  # [texts, images]: row i's own image is column i
         return out
 

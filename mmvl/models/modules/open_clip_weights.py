@@ -42,7 +42,11 @@ def open_clip_to_mmvl(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]
         for theirs, ours in PREFIXES:
             if key.startswith(theirs):
                 new = ours + key[len(theirs):]
-                out[new] = value.T.contiguous() if key == "text_projection" else value
+                if key == "text_projection":
+                    value = value.T.contiguous()
+                elif key in ("logit_scale", "logit_bias"):
+                    value = value.reshape(1)  # open_clip's scalars; mmvl's are [1] (fsdp shards no scalar)
+                out[new] = value
                 break
         else:
             unknown.append(key)
