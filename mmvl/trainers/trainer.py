@@ -32,7 +32,7 @@ from mmvl.data.shard_stream import train_stream
 from mmvl.distributed.env import DistEnv
 from mmvl.engine import Engine
 from mmvl.errors import UserError
-from mmvl.io import lock_dir
+from mmvl.locks import lock_dir
 from mmvl.losses import build_losses, compute_losses
 from mmvl.metrics import build_metrics
 from mmvl.optim import base_lr, build_optimizer, build_scheduler

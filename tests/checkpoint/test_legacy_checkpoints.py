@@ -68,8 +68,8 @@ def test_a_legacy_full_checkpoint_resumes_bitwise(tmp_path):
     legacy = LEGACY / "full" / "last.ckpt"
     _plant(tmp_path / "legacy", "last.ckpt", source=LEGACY / "full")
     CheckpointManager(tmp_path / "today" / "save").save(load_checkpoint(legacy), update=6)
-    assert schema.FORMAT in torch.load(tmp_path / "today" / "save" / "checkpoints" / "last.ckpt",
-                                       weights_only=True)  # written in today's layout
+    today = tmp_path / "today" / "save" / "checkpoints" / "last.ckpt"
+    assert schema.FORMAT in torch.load(today, weights_only=True)  # written in today's layout
     runs = {}
     for name in ("legacy", "today"):
         trainer = _trainer(tmp_path / name, "checkpoint.resume=true")

@@ -18,7 +18,7 @@ from typing import Callable
 import pytest
 import torch
 
-from mmvl.io import LOCK
+from mmvl.locks import LOCK
 from mmvl_cli.predict import main as predict_main
 from mmvl_cli.run import main
 from tests.fixtures.faults import ROOT, child_env, launch_ranks

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from mmvl import io
+from mmvl import locks
 from mmvl.errors import UserError
 from mmvl.io import safe_load
 from tests.fixtures.faults import ROOT, SCRIPT, child_env
@@ -38,19 +38,19 @@ def _updates(root: Path) -> list[int]:
 
 @pytest.mark.proc
 def test_a_second_process_is_refused_and_this_process_may_lock_again(tmp_path):
-    assert io.lock_dir(tmp_path) == io.lock_dir(tmp_path)  # the same process: its own lock
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from mmvl import io; "
-                               f"io.lock_dir({str(tmp_path / 'other')!r}); print('held', flush=True); time.sleep(30)"],
+    assert locks.lock_dir(tmp_path) == locks.lock_dir(tmp_path)  # the same process: its own lock
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from mmvl import locks; "
+                               f"locks.lock_dir({str(tmp_path / 'other')!r}); print('held', flush=True); time.sleep(30)"],
                               cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
         (tmp_path / "other").mkdir()
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(UserError, match=rf"is in use by another run \(pid {holder.pid} on .*, started "):
-            io.lock_dir(tmp_path / "other")
+            locks.lock_dir(tmp_path / "other")
     finally:
         holder.kill()
         holder.wait()
-    io.lock_dir(tmp_path / "other")  # the holder is dead: the OS released its lock
+    locks.lock_dir(tmp_path / "other")  # the holder is dead: the OS released its lock
 
 
 @pytest.mark.slow
