@@ -82,10 +82,11 @@ class Registry:
             found = self._fallback(name)
             if found is not None:
                 return found
-        known = ", ".join(sorted(self._items)) or "none"
+        names = sorted(self._items)  # listed in full only while short: the error stays one readable line
+        known = ", ".join(names) if len(names) <= 5 else f"{len(names)} (`mmvl_run --list {self.kind}`)"
         raise UserError(
             f"Unknown {self.kind} {name!r}.{did_you_mean(name, self._items)} "
-            f"Registered {self.kind}s: {known}. Register yours with "
+            f"Registered {self.kind}{'es' if self.kind.endswith('s') else 's'}: {known or 'none'}. Register yours with "
             f"@registry.register_{self.kind}({name!r}) in a module under env.user_dir."
         )
 
