@@ -7,9 +7,12 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
+import pickle
+
 import torch
 import torch.distributed as dist
 
+from mmvl.distributed import inflight
 from mmvl.errors import UserError
 
 
@@ -64,7 +67,9 @@ def all_reduce(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
     if get_world_size() == 1:
         return tensor
     out = place(tensor, communication_device(), copy=True)
+    handed = inflight.before(out)
     dist.all_reduce(out, op=getattr(dist.ReduceOp, _OPS[op]))
+    inflight.hand(handed)
     return place(out, tensor.device)
 
 
@@ -86,7 +91,9 @@ class AsyncMax:
             self._flag = torch.full((1,), int(value), dtype=torch.int32, device=device)
         else:
             self._flag = place(torch.full((1,), int(value), dtype=torch.int32), device)
+        handed = inflight.before(self._flag)
         self._work = dist.all_reduce(self._flag, op=dist.ReduceOp.MAX, async_op=True) if grouped else None
+        inflight.hand(handed)
         self._event = None
         if self._flag.is_cuda:
             self._work.wait()  # on CUDA: the current stream waits for the collective, the host does not
@@ -113,26 +120,38 @@ def broadcast(tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
     """Overwrite ``tensor`` on every rank with rank ``src``'s values (in place; returned)."""
     if get_world_size() > 1:
         buf = place(tensor, communication_device())
+        handed = inflight.before(buf)
         dist.broadcast(buf, src=src)
+        inflight.hand(handed)
         if buf is not tensor:
             tensor.copy_(buf)
     return tensor
 
 
+def _to_bytes(obj: Any) -> torch.Tensor:
+    return torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8).clone()  # owns its memory
+
+
+def _from_bytes(tensor: torch.Tensor) -> Any:
+    return pickle.loads(place(tensor, torch.device("cpu")).numpy().tobytes())  # noqa: S301 - from our own ranks
+
+
 def broadcast_object(obj: Any, src: int = 0) -> Any:
+    """Rank ``src``'s picklable ``obj`` on every rank (torch's object collectives, through ours:
+    their tensors are handed to :mod:`inflight` like every other collective's)."""
     if get_world_size() == 1:
         return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=src)
-    return box[0]
+    data = _to_bytes(obj) if get_rank() == src else torch.empty(0, dtype=torch.uint8)
+    size = broadcast(torch.tensor([data.numel()], dtype=torch.long), src)
+    buf = place(data if get_rank() == src else torch.empty(int(size[0]), dtype=torch.uint8), communication_device())
+    return _from_bytes(broadcast(buf, src))
 
 
 def all_gather_object(obj: Any) -> list[Any]:
+    """Every rank's picklable ``obj``, in rank order."""
     if get_world_size() == 1:
         return [obj]
-    out: list[Any] = [None] * get_world_size()
-    dist.all_gather_object(out, obj)
-    return out
+    return [_from_bytes(part) for part in all_gather(_to_bytes(obj))]
 
 
 def all_reduce_mean(t: torch.Tensor) -> torch.Tensor:
@@ -156,14 +175,18 @@ def all_gather(tensor: torch.Tensor) -> list[torch.Tensor]:
     tensor = tensor.reshape(1) if scalar else tensor
     size = place(torch.tensor([tensor.shape[0]], dtype=torch.long), communication_device())
     sizes = [torch.zeros_like(size) for _ in range(world)]
+    handed = inflight.before(size, *sizes)
     dist.all_gather(sizes, size)
+    inflight.hand(handed)
     lengths = [int(s.item()) for s in sizes]
     longest = max(lengths)
     if tensor.shape[0] < longest:
         pad = tensor.new_zeros((longest - tensor.shape[0], *tensor.shape[1:]))
         tensor = torch.cat([tensor, pad])
     out = [torch.empty_like(tensor) for _ in range(world)]
+    handed = inflight.before(tensor, *out)
     dist.all_gather(out, tensor)
+    inflight.hand(handed)
     trimmed = [place(t[:n], home) for t, n in zip(out, lengths)]
     return [t.reshape(()) for t in trimmed] if scalar else trimmed
 
@@ -273,7 +296,9 @@ class _GatherWithGrad(torch.autograd.Function):
         ctx.rank, ctx.rows = get_rank(), tensor.shape[0]
         local = place(tensor, communication_device()).contiguous()
         out = [torch.empty_like(local) for _ in range(world)]
+        handed = inflight.before(local, *out)
         dist.all_gather(out, local)
+        inflight.hand(handed)
         return place(torch.cat(out), home)
 
     @staticmethod
@@ -302,8 +327,11 @@ def _exchange(tensor: torch.Tensor, send_to: int, recv_from: int) -> torch.Tenso
     local = place(tensor, communication_device()).contiguous()
     received = torch.empty_like(local)
     ops = [dist.P2POp(dist.isend, local, send_to), dist.P2POp(dist.irecv, received, recv_from)]
+    handed = inflight.before(local, received)
     for work in dist.batch_isend_irecv(ops):
         work.wait()
+    del ops
+    inflight.hand(handed)
     return place(received, tensor.device)
 
 

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from mmvl.config.schema import BACKENDS
+from mmvl.distributed import inflight
 from mmvl.distributed.env import DistEnv
 from mmvl.distributed.sections import typed_section
 from mmvl.distributed.slurm import detect_slurm
@@ -232,8 +233,10 @@ def seed_for_init(seed: int) -> int:
 
 
 def destroy() -> None:
-    """Leave the process group (no-op when none)."""
+    """Leave the process group (no-op when none), once the backend let go of every tensor mmvl
+    handed it (:mod:`mmvl.distributed.inflight`)."""
     if dist.is_available() and dist.is_initialized():
+        inflight.settle()
         dist.destroy_process_group()
 
 
@@ -256,6 +259,7 @@ def exit_process(code: int) -> NoReturn:
     try:
         if code == 0:
             dist.barrier()
+        inflight.settle()
         dist.destroy_process_group()
     except Exception as e:  # noqa: BLE001 - a peer that already failed: leave anyway
         log.warning("leaving the process group failed (%s: %s)", type(e).__name__, e)

@@ -23,9 +23,9 @@ def test_environment(ranks):
     for r, res in enumerate(ranks):
         assert (res["rank"], res["world"], res["backend"], res["transport"]) == (r, 2, "nccl", "gloo")
         assert res["comm_device"] == f"cuda:{r}"
-        # every kind of collective mmvl.distributed.comm issues went through the shim's checks
-        assert {"all_gather", "all_reduce", "broadcast", "all_gather_object", "broadcast_object_list",
-                "barrier"} <= set(res["shim_checked"])
+        # every kind of collective mmvl.distributed.comm issues went through the shim's checks (its
+        # object collectives are its own, over all_gather and broadcast)
+        assert {"all_gather", "all_reduce", "broadcast", "barrier"} <= set(res["shim_checked"])
         assert (res["comm_rank"], res["comm_world"], res["is_main"]) == (r, 2, r == 0)
 
 
