@@ -103,21 +103,21 @@ class EasyVQABuilder(FileDatasetBuilder):
         self.root = Path(str(root)).expanduser() if root else None
         self.val_images = int(self.cfg.get("val_images") or 0)
         if self.val_images < 0:
-            raise UserError(f"easy_vqa: val_images={self.val_images} must be 0 or more (training images held out "
+            raise UserError(f"{self.name}: val_images={self.val_images} must be 0 or more (training images held out "
                             "as the val split).")
         self._priors: dict[int, str] | None = None
 
     def data_root(self) -> Path:
         root = self.root if self.root is not None else package_root()
         if not (root / "train" / "questions.json").is_file():
-            raise UserError(f"easy_vqa: {str(root)!r} has no train/questions.json; set data_root to easy-VQA's data "
+            raise UserError(f"{self.name}: {str(root)!r} has no train/questions.json; set data_root to easy-VQA's data "
                             f"folder (train/, test/ with images/ and questions.json), or null for the package's "
                             f"({INSTALL_HINT}).")
         return root
 
     def _file_split(self, split: str) -> str:
         if split not in SPLITS:
-            raise UserError(f"easy_vqa: unknown split {split!r}; use one of {', '.join(SPLITS)}.")
+            raise UserError(f"{self.name}: unknown split {split!r}; use one of {', '.join(SPLITS)}.")
         return "test" if split == "test" else "train"
 
     def source_files(self, split: str) -> list[Path]:
@@ -131,12 +131,12 @@ class EasyVQABuilder(FileDatasetBuilder):
         try:
             rows = json.loads(path.read_text(encoding="utf-8"))
         except (ValueError, OSError) as e:
-            raise UserError(f"easy_vqa: {str(path)!r} does not read as JSON ({type(e).__name__}: {str(e)[:80]}); "
+            raise UserError(f"{self.name}: {str(path)!r} does not read as JSON ({type(e).__name__}: {str(e)[:80]}); "
                             f"reinstall the package ({INSTALL_HINT}).") from None
         questions, answers, image_ids, types = [], [], [], []
         for i, row in enumerate(rows if isinstance(rows, list) else [None]):
             if not (isinstance(row, list) and len(row) == 3 and isinstance(row[2], int)):
-                raise UserError(f"easy_vqa: {str(path)!r} entry {i} is {row!r}; each entry must be "
+                raise UserError(f"{self.name}: {str(path)!r} entry {i} is {row!r}; each entry must be "
                                 "[question, answer, image_id].")
             questions.append(str(row[0]))
             answers.append(normalize_answer(str(row[1])))
@@ -147,21 +147,30 @@ class EasyVQABuilder(FileDatasetBuilder):
                                   "type": np.asarray(types, dtype=np.int64),
                                   "question": Strings.build(questions), "answer": Strings.build(answers)})}
 
+    def split_questions(self, split: str) -> Table:
+        """All of ``split``'s questions, uncapped (``train`` and ``val`` share the training file, split by image)."""
+        table = self.tables(self._file_split(split))["records"]
+        if split != "test":
+            ids = np.unique(table.column("image_id"))
+            if split == "val" and self.val_images == 0:
+                raise UserError(f"{self.name}: val_images is 0, so there is no val split; set val_images "
+                                "(e.g. 500) or use run_type train_test.")
+            if self.val_images >= len(ids):
+                raise UserError(f"{self.name}: val_images={self.val_images} leaves no training images (the "
+                                f"training file has {len(ids)}); use fewer.")
+            held = ids[len(ids) - self.val_images:] if self.val_images else ids[:0]
+            is_val = np.isin(table.column("image_id"), held)
+            table = table.take(np.flatnonzero(is_val if split == "val" else ~is_val))
+        return table
+
+    def samples(self, split: str) -> Table:
+        """``split``'s samples before ``max_samples``: its questions (a subclass may derive others from them)."""
+        return self.split_questions(split)
+
     def records(self, split: str) -> Table:
-        """``split``'s questions (``train`` and ``val`` share the training file, split by image)."""
+        """``split``'s samples, capped at ``max_samples``."""
         if split not in self._records:
-            table = self.tables(self._file_split(split))["records"]
-            if split != "test":
-                ids = np.unique(table.column("image_id"))
-                if split == "val" and self.val_images == 0:
-                    raise UserError("easy_vqa: val_images is 0, so there is no val split; set val_images (e.g. 500) "
-                                    "or use run_type train_test.")
-                if self.val_images >= len(ids):
-                    raise UserError(f"easy_vqa: val_images={self.val_images} leaves no training images (the training "
-                                    f"file has {len(ids)}); use fewer.")
-                held = ids[len(ids) - self.val_images:] if self.val_images else ids[:0]
-                is_val = np.isin(table.column("image_id"), held)
-                table = table.take(np.flatnonzero(is_val if split == "val" else ~is_val))
+            table = self.samples(split)
             cap = self.cfg.get("max_samples")
             self._records[split] = table.head(int(cap)) if cap else table
         return self._records[split]
@@ -192,27 +201,32 @@ class EasyVQABuilder(FileDatasetBuilder):
                 array = np.asarray(decode_image(path), dtype=np.uint8)
             except (OSError, ValueError) as e:
                 if self.policy == "error":
-                    raise UserError(f"easy_vqa: image {str(path)!r} cannot be read ({type(e).__name__}); reinstall "
+                    raise UserError(f"{self.name}: image {str(path)!r} cannot be read ({type(e).__name__}); reinstall "
                                     f"the package ({INSTALL_HINT}) or set on_bad_image: skip.") from None
                 ok[k] = False
                 continue
             if pixels and array.shape != pixels[0].shape:
-                raise UserError(f"easy_vqa: image {str(path)!r} is {array.shape[1]}x{array.shape[0]}, the others "
+                raise UserError(f"{self.name}: image {str(path)!r} is {array.shape[1]}x{array.shape[0]}, the others "
                                 f"{pixels[0].shape[1]}x{pixels[0].shape[0]}; every image must have one size.")
             pixels.append(array)
         if not pixels:
-            raise UserError(f"easy_vqa {split}: none of the {len(image_ids)} images in {str(folder)!r} can be read.")
+            raise UserError(f"{self.name} {split}: none of the {len(image_ids)} images in {str(folder)!r} can be read.")
         return torch.from_numpy(np.stack(pixels)).permute(0, 3, 1, 2).contiguous(), ok
 
-    def make_dataset(self, split: str, records: Table) -> Dataset:
+    def readable_images(self, split: str, records: Table) -> tuple[Table, torch.Tensor, np.ndarray]:
+        """``records`` less those whose image cannot be read (``on_bad_image: skip``), their images (uint8
+        n x 3 x H x W) and each record's row in them; shared with ``easy_vqa_generative``."""
         image_ids = np.unique(records.column("image_id"))
         pixels, ok = self.load_images(split, image_ids)
         if not ok.all():
             keep = np.flatnonzero(np.isin(records.column("image_id"), image_ids[ok]))
-            log.warning("easy_vqa %s: skipped %d of %d questions whose image cannot be read", split,
+            log.warning("%s %s: skipped %d of %d samples whose image cannot be read", self.name, split,
                         len(records) - len(keep), len(records))
             records, image_ids = records.take(keep), image_ids[ok]
-        rows = np.searchsorted(image_ids, records.column("image_id"))
+        return records, pixels, np.searchsorted(image_ids, records.column("image_id"))
+
+    def make_dataset(self, split: str, records: Table) -> Dataset:
+        records, pixels, rows = self.readable_images(split, records)
         index = self.answer_processor.index
         targets = np.array([index.get(a, IGNORE_INDEX) for a in records.column("answer").tolist()], dtype=np.int64)
         return EasyVQADataset(records, pixels, rows, targets, self.text_processor, self.image_processor)

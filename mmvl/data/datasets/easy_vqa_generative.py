@@ -1,0 +1,158 @@
+"""easy-VQA as generation (``datasets: [easy_vqa_generative]``): a VLM writes the answer, or a caption.
+
+The same files, splits and images as ``easy_vqa`` (its builder reads them); an item is the image,
+a prompt and the text to generate, as ``prompt_answer`` tokens (only the answer is labelled):
+
+- ``task: vqa``: every question is a prompt, its answer word the text;
+- ``task: caption``: one sample per image, the prompt ``caption_prompt`` and the caption
+  ``the image shows a <colour> <shape>`` (each image holds one shape of one colour; six words, so
+  that BLEU-4 has 4-grams to count). easy-VQA has no captions: the
+  colour and the shape are read off the image's questions and answers (``what color is the
+  shape?`` -> red; ``is there not a circle?`` -> no: a circle). An image whose questions leave the
+  colour or the shape open (about one in ten) has no caption and is left out.
+
+Unlike Sort-of-CLEVR's relational questions, most answers here (the colour, the shape) are read
+directly off the pixels, so a projector that carries the image shows in what the model writes.
+Every split keeps its answers: ``mmvl_predict`` writes ``[{"id", "answer", "reference"}]``
+(:mod:`mmvl.metrics.generation` scores them).
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any, Iterable
+
+import numpy as np
+from torch.utils.data import Dataset
+
+from mmvl.data.datasets.easy_vqa import EasyVQABuilder, EasyVQADataset
+from mmvl.data.processors import prompt_answer as _prompt_answer  # noqa: F401  (registers prompt_answer)
+from mmvl.data.records import Strings, Table
+from mmvl.errors import UserError
+from mmvl.losses import IGNORE_INDEX
+from mmvl.registry import register_dataset
+
+#: easy-VQA's shapes and colours (its answers besides yes and no)
+SHAPES = ("circle", "rectangle", "triangle")
+COLOURS = ("red", "green", "blue", "black", "gray", "teal", "brown", "yellow")
+TASKS = ("vqa", "caption")
+#: ``question_type`` of a caption sample (easy-VQA's question types are 0-2)
+CAPTION_TYPE = 3
+CAPTION = "the image shows a {colour} {shape}"
+
+
+def _the_one(named: set[str], ruled_out: set[str], choices: tuple[str, ...]) -> str | None:
+    """The one choice the questions name, else the one they do not rule out, else None."""
+    if len(named) == 1:
+        return next(iter(named))
+    left = [c for c in choices if c not in ruled_out]
+    return left[0] if not named and len(left) == 1 else None
+
+
+def image_captions(questions: Iterable[str], answers: Iterable[str], image_ids: Iterable[int]) -> dict[int, str]:
+    """``{image_id: "the image shows a <colour> <shape>"}`` for the images whose questions and answers fix both."""
+    named: dict[int, set[str]] = defaultdict(set)
+    ruled_out: dict[int, set[str]] = defaultdict(set)
+    for question, answer, image in zip(questions, answers, image_ids):
+        words = question.lower().replace("?", " ").split()
+        if words and words[0] in ("is", "does", "are", "do"):  # yes/no: is (not) the named thing there?
+            negated = "not" in words or "no" in words
+            target = named if (answer == "yes") != negated else ruled_out
+        else:  # what colour / what shape: the question and its answer name what is there
+            words, target = words + [answer], named
+        target[int(image)].update(w for w in words if w in SHAPES or w in COLOURS)
+    captions = {}
+    for image in sorted(set(named) | set(ruled_out)):
+        colour = _the_one(named[image] & set(COLOURS), ruled_out[image], COLOURS)
+        shape = _the_one(named[image] & set(SHAPES), ruled_out[image], SHAPES)
+        if colour and shape:
+            captions[image] = CAPTION.format(colour=colour, shape=shape)
+    return captions
+
+
+class GenerativeEasyVQA(EasyVQADataset):
+    """Items: ``image``, ``input_ids``, ``attention_mask``, ``targets`` (token labels), ``answer`` (text), ids."""
+
+    def __init__(self, records: Table, pixels: Any, image_rows: np.ndarray, text_processor: Any, image_processor: Any):
+        super().__init__(records, pixels, image_rows, np.zeros(0, np.int64), text_processor, image_processor)
+        self.answers = records.column("answer")
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        answer = self.answers[index]
+        item: dict[str, Any] = {"id": int(self.ids[index]), "image_id": int(self.image_ids[index])}
+        item.update(self.text_processor(self.questions[index], answer))
+        image = self.pixels[int(self.image_rows[index])]
+        item["image"] = self.image_processor(image) if self.image_processor is not None else image.float() / 255.0
+        item.update(answer=answer, question_type=int(self.types[index]))
+        return item
+
+
+@register_dataset("easy_vqa_generative")
+class EasyVQAGenerativeBuilder(EasyVQABuilder):
+    """easy-VQA whose answers (or captions) are generated text (a VLM's task)."""
+
+    name = "easy_vqa_generative"
+    config_path = "datasets/easy_vqa_generative.yaml"
+    pad_values = {"targets": IGNORE_INDEX}
+
+    def __init__(self, config: Any, data_dir: str):
+        super().__init__(config, data_dir)
+        self.task = str(self.cfg.get("task", "vqa"))
+        if self.task not in TASKS:
+            raise UserError(f"{self.name}: task={self.task!r}; use one of {', '.join(TASKS)}.")
+        self.caption_prompt = str(self.cfg.get("caption_prompt") or "")
+        if self.task == "caption" and not self.caption_prompt.strip():
+            raise UserError(f"{self.name}: caption_prompt is empty; give the prompt a caption follows "
+                            "(e.g. 'describe the image').")
+
+    def samples(self, split: str) -> Table:
+        questions = self.split_questions(split)
+        if self.task == "vqa":
+            return questions
+        captions = image_captions(questions.column("question").tolist(), questions.column("answer").tolist(),
+                                  questions.column("image_id").tolist())
+        ids = np.asarray(sorted(captions), dtype=np.int64)
+        return Table({"question_id": ids, "image_id": ids, "type": np.full(len(ids), CAPTION_TYPE, np.int64),
+                      "question": Strings.build([self.caption_prompt] * len(ids)),
+                      "answer": Strings.build([captions[i] for i in ids.tolist()])})
+
+    def train_texts(self) -> list[str]:
+        """The word vocabulary's texts, the same for both tasks (a caption model can be asked questions)."""
+        train = self.split_questions("train")
+        return (train.column("question").tolist() + train.column("answer").tolist()
+                + [self.caption_prompt, CAPTION.format(colour=" ".join(COLOURS), shape=" ".join(SHAPES))])
+
+    @property
+    def text_processor(self) -> Any:
+        kind = ((self.cfg.get("processors") or {}).get("text_processor") or {}).get("type")
+        if kind != "prompt_answer":
+            raise UserError(f"dataset_config.{self.name}.processors.text_processor.type={kind!r}; "
+                            f"{self.name} needs prompt_answer.")
+        return super().text_processor
+
+    def prepare_split(self, split: str) -> None:
+        self.records(split)
+        self.text_processor  # noqa: B018  (the word vocabulary, when there is no tokenizer_path)
+
+    def make_dataset(self, split: str, records: Table) -> Dataset:
+        records, pixels, rows = self.readable_images(split, records)
+        return GenerativeEasyVQA(records, pixels, rows, self.text_processor, self.image_processor)
+
+    def collate(self, items: list[dict[str, Any]]) -> dict[str, Any]:
+        batch = super().collate(items)
+        pad = self.text_processor.tokenizer.pad_token_id
+        batch["input_ids"] = batch["input_ids"].masked_fill(batch["attention_mask"].eq(0), pad)
+        return batch
+
+    def model_info(self) -> dict[str, int]:
+        return self.text_processor.model_info()
+
+    def predictions(self, data: dict[str, Any], scores: Any) -> list[dict[str, Any]]:
+        """``[{"id", "answer", "reference"}]``: the decoded generated text (``scores`` are generated ids)
+        and the true answer or caption, so the file scores itself (:mod:`mmvl.metrics.generation`)."""
+        ids = data.get("id", [])
+        ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
+        return [{"id": i, "answer": self.text_processor.decode(row), "reference": ref}
+                for i, row, ref in zip(ids, scores.tolist(), data["answer"])]
+
+    def extra_metrics(self, split: str) -> dict[str, float]:
+        return {}

@@ -1,0 +1,96 @@
+"""easy_vqa_generative: easy-VQA's questions, or captions read off them, as prompt_answer samples for a VLM."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+from PIL import Image
+
+import mmvl.data.datasets  # noqa: F401  (registers easy_vqa_generative)
+from mmvl import registry
+from mmvl.data.datasets.easy_vqa_generative import image_captions
+from mmvl.errors import UserError
+from mmvl.losses import IGNORE_INDEX
+
+ROOT = Path(__file__).resolve().parents[3]
+TRAIN = [["is there a red shape?", "yes", 0], ["what color is the circle?", "red", 0],
+         ["what is the blue shape?", "rectangle", 1], ["does the image not contain a gray shape?", "yes", 1],
+         ["what color is the shape?", "green", 2],  # image 2: the shape stays open
+         ["what shape is present?", "triangle", 3], ["what color is the shape?", "teal", 3]]
+TEST = [["is there not a circle?", "yes", 0], ["is no triangle present?", "yes", 0],  # ruled out: a rectangle
+        ["what color is the rectangle?", "black", 0], ["is there a blue shape?", "no", 1]]
+
+
+def write_root(root: Path) -> Path:
+    for split, questions, n in (("train", TRAIN, 4), ("test", TEST, 2)):
+        (root / split / "images").mkdir(parents=True)
+        (root / split / "questions.json").write_text(json.dumps(questions))
+        for i in range(n):
+            Image.fromarray(np.full((8, 8, 3), 40 * i, dtype=np.uint8)).save(root / split / "images" / f"{i}.png")
+    return root
+
+
+def builder(root: Path, **overrides):
+    cfg = OmegaConf.load(ROOT / "configs" / "datasets" / "easy_vqa_generative.yaml").dataset_config
+    # no image_processor: pixels / 255 (torchvision's transforms take seconds to import)
+    cfg = OmegaConf.merge(cfg.easy_vqa_generative, {"data_root": str(root), "processors": {"image_processor": None}},
+                          overrides)
+    return registry.DATASETS.get("easy_vqa_generative")(cfg, str(root))
+
+
+def test_captions_come_from_the_questions_and_answers():
+    rows = TRAIN + [[q, a, i + 10] for q, a, i in TEST]
+    captions = image_captions(*zip(*[(q, a, i) for q, a, i in rows]))
+    assert captions == {0: "the image shows a red circle", 1: "the image shows a blue rectangle",
+                        3: "the image shows a teal triangle", 10: "the image shows a black rectangle"}
+    # two colours named for one image: no caption rather than a guess
+    assert image_captions(["what color is the circle?", "is there a red shape?"], ["blue", "yes"], [0, 0]) == {}
+
+
+def test_caption_samples_label_only_the_caption(tmp_path):
+    b = builder(write_root(tmp_path), task="caption", val_images=1)
+    train, val, test = (b.build(s) for s in ("train", "val", "test"))
+    assert (len(train), len(val), len(test)) == (2, 1, 1)  # image 2 has no caption; image 3 is val's
+    assert [train[i]["answer"] for i in range(2)] == ["the image shows a red circle",
+                                                      "the image shows a blue rectangle"]
+    item = train[1]
+    assert item["question_type"] == 3 and item["image"].shape == (3, 8, 8) and item["id"] == item["image_id"] == 1
+    labelled = item["targets"].ne(IGNORE_INDEX)
+    proc = b.text_processor
+    assert proc.decode(item["targets"][labelled].tolist()) == item["answer"]
+    prompt = item["input_ids"][~labelled]
+    assert (prompt == proc.tokenizer.image_id).sum() == 16 and proc.decode(prompt.tolist()) == "describe the image"
+    batch = b.collate([train[0], train[1]])
+    assert batch["input_ids"].shape == batch["targets"].shape
+    assert batch["answer"] == [train[0]["answer"], item["answer"]]
+    written = torch.stack([train[0]["targets"][-7:], item["targets"][-7:].flip(0)])  # generated ids, eos-ended
+    rows = b.predictions(batch, written)
+    assert rows == [{"id": 0, "answer": "the image shows a red circle", "reference": "the image shows a red circle"},
+                    {"id": 1, "answer": "", "reference": item["answer"]}]  # the flipped row starts with eos
+    assert b.model_info()["image_token_id"] == proc.tokenizer.image_id and b.extra_metrics("test") == {}
+
+
+def test_vqa_samples_are_the_questions_and_share_the_vocabulary(tmp_path):
+    root = write_root(tmp_path)
+    b, c = builder(root, val_images=0), builder(root, task="caption", val_images=0)
+    train = b.build("train")
+    assert len(train) == len(TRAIN) and [train[i]["answer"] for i in range(3)] == ["yes", "red", "rectangle"]
+    assert train[2]["question_type"] == 1 and b.text_processor.decode(train[2]["input_ids"].tolist()).startswith(
+        "what is the blue shape")
+    assert b.text_processor.tokenizer.itos == c.text_processor.tokenizer.itos  # a caption model can be asked questions
+
+
+def test_errors_name_the_fix(tmp_path):
+    root = write_root(tmp_path)
+    with pytest.raises(UserError, match="task='captions'; use one of vqa, caption"):
+        builder(root, task="captions")
+    with pytest.raises(UserError, match="caption_prompt is empty"):
+        builder(root, task="caption", caption_prompt="")
+    with pytest.raises(UserError, match="needs prompt_answer"):
+        builder(root, val_images=0, processors={"text_processor": {"type": "vocab"}}).build("test")
+    with pytest.raises(UserError, match="easy_vqa_generative: val_images is 0, so there is no val split"):
+        builder(root, val_images=0).build("val")
