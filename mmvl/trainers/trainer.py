@@ -35,7 +35,7 @@ from mmvl.errors import UserError
 from mmvl.locks import lock_dir
 from mmvl.losses import build_losses, compute_losses
 from mmvl.metrics import build_metrics
-from mmvl.optim import base_lr, build_optimizer, build_scheduler
+from mmvl.optim import base_lr, build_optimizer, build_scheduler, optimizer_section, scheduler_section
 from mmvl.trainers.contrastive_step import cached_contrastive_update, uses_cached_contrast
 from mmvl.trainers.evaluation import BestTracker, prepare_split
 from mmvl.trainers.evaluation import evaluate as evaluate_split
@@ -93,7 +93,8 @@ class Trainer:
         load_pretrained(self.engine, self.model, config)  # checkpoint.resume_pretrained: weights only, before wrapping
         self.losses = build_losses(list(model_config(config, self.builders).get("losses") or []))
         self.cached_contrast = uses_cached_contrast(self.losses, self.engine.gradient_accumulation)
-        optimizer = build_optimizer(self.model, config, device=self.env.device)
+        optimizer = build_optimizer(self.model, optimizer_section(config), self.env.device, batch_size=int(t.batch_size),
+                                    config=config)
         self.model, self.optimizer = self.engine.prepare(self.model, optimizer)
         self.metrics = {name: build_metrics(list(b.config.get("metrics") or [])
                                             + list(config.evaluation.get("metrics") or []))
@@ -101,7 +102,7 @@ class Trainer:
         seed_everything(int(t.seed), self.env.rank)  # per-rank randomness from here on
         self.train_data = self._train_stream() if "train" in stages(config) else None
         self.state = TrainerState(max_updates=self._max_updates())
-        scheduler = build_scheduler(self.optimizer.optimizer, config, max_updates=self.state.max_updates)
+        scheduler = build_scheduler(self.optimizer.optimizer, scheduler_section(config), self.state.max_updates)
         self.scheduler = None if scheduler is None else self.engine.prepare(scheduler)
         self.clip_grad_norm = t.get("clip_grad_norm")
         self.log_interval = max(1, int(t.log_interval or 1))
