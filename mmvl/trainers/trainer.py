@@ -39,7 +39,8 @@ log = logging.getLogger("mmvl")
 
 @registry.register_trainer("mmvl")
 class Trainer:
-    """Builds a run from a resolved config and trains/evaluates it.
+    """Trains and evaluates a run: the parts :func:`mmvl.trainers.parts.build_parts` builds from a
+    resolved config, driven by fit, the step, settle and evaluation.
 
     It owns :attr:`state` (:class:`mmvl.trainers.state.TrainerState`), dispatches every hook of
     :data:`mmvl.trainers.state.HOOKS` to every callback itself, and is what callbacks see
@@ -122,7 +123,8 @@ class Trainer:
 
         The micro-batches stream: each is drawn after the previous one's backward, so device memory
         does not grow with the accumulation. Only an update that needs them together draws them all
-        before the first forward (:meth:`_whole_update`)."""
+        before the first forward (:meth:`_whole_update`); the first update also keeps them all, for
+        its FLOP count after it (:meth:`count_flops`)."""
         engine = self.engine
         counted: list[Any] = []  # the first update's micro-batches as drawn, for count_flops after it
 

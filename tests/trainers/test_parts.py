@@ -4,8 +4,10 @@ them together (a loss with ``begin_update``, a cached contrastive update)."""
 from __future__ import annotations
 
 import ast
+import gc
 import inspect
 import textwrap
+import weakref
 from typing import Any
 
 import torch
@@ -38,14 +40,21 @@ def test_build_parts_builds_a_run_without_a_loop(tmp_path):
 
 
 class Counting:
-    """A training stream that counts the batches drawn from it."""
+    """A training stream that counts the batches drawn from it, and sees which are still alive."""
 
     def __init__(self, stream: Any):
-        self.stream, self.drawn = stream, 0
+        self.stream, self.drawn, self.tensors = stream, 0, weakref.WeakSet()
 
     def __next__(self) -> Any:
         self.drawn += 1
-        return next(self.stream)
+        batch = next(self.stream)
+        self.tensors.add(batch["features"])
+        return batch
+
+    @property
+    def alive(self) -> int:
+        gc.collect()
+        return len(self.tensors)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.stream, name)
@@ -65,11 +74,14 @@ def _trainer(tmp_path, whole_update: bool, *opts: str) -> tuple[Trainer, Countin
 
 
 def test_micro_batches_stream_unless_a_loss_needs_the_whole_update(tmp_path):
-    trainer, _, at_forward = _trainer(tmp_path / "stream", False)
+    trainer, counting, at_forward = _trainer(tmp_path / "stream", False)
     trainer.train_step()  # the first update (and its FLOP-counting passes after it)
     at_forward.clear()
+    alive: list[int] = []
+    trainer.model.register_forward_pre_hook(lambda *_: alive.append(counting.alive))
     trainer.train_step()
     assert at_forward == [4, 5, 6]  # each drawn after the previous one's forward and backward
+    assert alive == [1, 1, 1]  # and the previous one let go: one micro-batch held at a time
     trainer, _, at_forward = _trainer(tmp_path / "whole", True)
     seen: list[int] = []
     trainer.losses[0][1].begin_update = lambda batches: seen.append(len(batches))
