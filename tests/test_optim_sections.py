@@ -64,3 +64,11 @@ def test_scheduler_section_keeps_a_bare_name_and_refuses_unknown_keys():
     assert scheduler_section({"scheduler": "constant"}) == schema.Scheduler(type="constant", params={})
     with pytest.raises(UserError, match=r"scheduler has unknown keys \['warmup'\]"):
         scheduler_section({"scheduler": {"type": "constant", "warmup": 3}})
+
+
+def test_lr_scaling_without_a_base_lr_is_refused_but_none_means_no_scaling():
+    with pytest.raises(UserError, match="optimizer.lr_scaling is set but optimizer.params.lr is missing"):
+        build_optimizer(torch.nn.Linear(2, 2), schema.Optimizer(type="adam_w", params={}, lr_scaling="sqrt"),
+                        batch_size=64)
+    unscaled = build_optimizer(torch.nn.Linear(2, 2), schema.Optimizer(type="adam_w", params={}, lr_scaling="none"))
+    assert unscaled.param_groups[0]["lr"] == torch.optim.AdamW([torch.zeros(1)]).defaults["lr"]
