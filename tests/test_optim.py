@@ -9,7 +9,8 @@ from omegaconf import OmegaConf
 
 from mmvl.errors import UserError
 from mmvl import optim
-from mmvl.optim import base_lr, build_optimizer, build_scheduler, param_groups
+from mmvl.optim import (base_lr, build_optimizer, build_scheduler, optimizer_section, param_groups,
+                        scheduler_section)
 
 
 class Tiny(torch.nn.Module):
@@ -28,9 +29,14 @@ def _cfg(optimizer, scheduler=None, batch_size=32, max_updates=100):
                              "training": {"batch_size": batch_size, "max_updates": max_updates}})
 
 
+def _opt(model, optimizer, device=None, batch_size=32):
+    """``build_optimizer`` over the typed section of a config whose optimizer is ``optimizer``."""
+    return build_optimizer(model, optimizer_section(_cfg(optimizer)), device, batch_size=batch_size)
+
+
 def test_param_groups_decay_only_weight_matrices():
     model = Tiny()
-    opt = build_optimizer(model, _cfg({"type": "adam_w", "params": {"lr": 1e-3, "weight_decay": 0.1}}))
+    opt = _opt(model, {"type": "adam_w", "params": {"lr": 1e-3, "weight_decay": 0.1}})
     assert isinstance(opt, torch.optim.AdamW)
     groups = {g["group"]: g for g in opt.param_groups}
     ids = lambda ps: {id(p) for p in ps}  # noqa: E731
@@ -39,47 +45,46 @@ def test_param_groups_decay_only_weight_matrices():
                                                      model.gn.weight, model.gn.bias])
     assert groups["decay"]["weight_decay"] == 0.1 and groups["no_decay"]["weight_decay"] == 0.0
     # without weight_decay in params the decay group keeps the optimizer's default (AdamW: 0.01)
-    opt = build_optimizer(model, _cfg({"type": "adam_w", "params": {"lr": 1e-3}}))
+    opt = _opt(model, {"type": "adam_w", "params": {"lr": 1e-3}})
     assert {g["group"]: g["weight_decay"] for g in opt.param_groups} == {"decay": 0.01, "no_decay": 0.0}
 
 
 def test_model_hook_overrides_grouping():
     model = Tiny()
     model.get_optimizer_parameters = lambda config: [{"params": model.lin.parameters(), "lr": 0.5}]
-    opt = build_optimizer(model, _cfg({"type": "sgd", "params": {"lr": 0.1}}))
+    opt = _opt(model, {"type": "sgd", "params": {"lr": 0.1}})
     assert len(opt.param_groups) == 1 and opt.param_groups[0]["lr"] == 0.5
 
 
 @pytest.mark.parametrize("scaling,expected", [(None, 1e-3), ("linear", 1e-3 * 512 / 256),
                                               ("sqrt", 1e-3 * math.sqrt(2))])
 def test_lr_scaling(scaling, expected):
-    opt = build_optimizer(Tiny(), _cfg({"type": "adam_w", "params": {"lr": 1e-3}, "lr_scaling": scaling},
-                                       batch_size=512))
+    opt = _opt(Tiny(), {"type": "adam_w", "params": {"lr": 1e-3}, "lr_scaling": scaling}, batch_size=512)
     assert all(g["lr"] == pytest.approx(expected) for g in opt.param_groups)
 
 
 def test_lr_scaling_unknown_is_user_error():
     with pytest.raises(UserError, match="linear"):
-        build_optimizer(Tiny(), _cfg({"type": "adam_w", "params": {"lr": 1e-3}, "lr_scaling": "linaer"}))
+        _opt(Tiny(), {"type": "adam_w", "params": {"lr": 1e-3}, "lr_scaling": "linaer"})
 
 
 @pytest.mark.parametrize("name", ["SGD", "sgd", "Adam", "rmsprop"])
 def test_torch_optimizer_fallback(name):
-    opt = build_optimizer(Tiny(), _cfg({"type": name, "params": {"lr": 0.01}}))
+    opt = _opt(Tiny(), {"type": name, "params": {"lr": 0.01}})
     assert type(opt).__name__.lower() == name.lower()
 
 
 def test_unknown_optimizer_and_bad_params_name_the_key():
     with pytest.raises(UserError, match="adam_w"):
-        build_optimizer(Tiny(), _cfg({"type": "adamm_w", "params": {"lr": 0.01}}))
+        _opt(Tiny(), {"type": "adamm_w", "params": {"lr": 0.01}})
     with pytest.raises(UserError, match=r"optimizer\.params\.lrr.*Did you mean 'lr'"):
-        build_optimizer(Tiny(), _cfg({"type": "adam_w", "params": {"lrr": 0.01}}))
+        _opt(Tiny(), {"type": "adam_w", "params": {"lrr": 0.01}})
     with pytest.raises(UserError, match=r"optimizer\.params\.lr=-1"):
-        build_optimizer(Tiny(), _cfg({"type": "adam_w", "params": {"lr": -1.0}}))
+        _opt(Tiny(), {"type": "adam_w", "params": {"lr": -1.0}})
     with pytest.raises(UserError, match=r"optimizer\.params\.betas"):
-        build_optimizer(Tiny(), _cfg({"type": "adam_w", "params": {"lr": 0.1, "betas": [1.5, 0.9]}}))
+        _opt(Tiny(), {"type": "adam_w", "params": {"lr": 0.1, "betas": [1.5, 0.9]}})
     with pytest.raises(UserError, match="optimizer.type"):
-        build_optimizer(Tiny(), _cfg(None))
+        _opt(Tiny(), None)
 
 
 def _lrs(scheduler, optimizer, steps):
@@ -93,7 +98,8 @@ def _lrs(scheduler, optimizer, steps):
 
 def _sched(type_, params, max_updates=100):
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
-    return opt, build_scheduler(opt, _cfg({"type": "sgd"}, {"type": type_, "params": params}, max_updates=max_updates))
+    return opt, build_scheduler(opt, scheduler_section(_cfg({"type": "sgd"}, {"type": type_, "params": params})),
+                                max_updates=max_updates)
 
 
 def test_warmup_linear_curve():
@@ -118,7 +124,7 @@ def test_constant_and_null_scheduler():
     opt, s = _sched("constant", {"num_warmup_steps": 2})
     assert _lrs(s, opt, 4) == pytest.approx([0.0, 0.5, 1.0, 1.0])
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
-    assert build_scheduler(opt, _cfg({"type": "sgd"}, None)) is None
+    assert build_scheduler(opt, scheduler_section(_cfg({"type": "sgd"}, None))) is None
 
 
 def test_scheduler_state_dict_round_trip(tmp_path):
@@ -148,7 +154,7 @@ def test_scheduler_bad_params():
 def test_param_groups_drop_empty_groups():
     assert [g["group"] for g in param_groups(torch.nn.LayerNorm(3), 0.1)] == ["no_decay"]
     with pytest.raises(UserError, match="no trainable"):
-        build_optimizer(torch.nn.Linear(2, 2).requires_grad_(False), _cfg({"type": "sgd", "params": {"lr": 0.1}}))
+        _opt(torch.nn.Linear(2, 2).requires_grad_(False), {"type": "sgd", "params": {"lr": 0.1}})
 
 
 def test_scheduler_takes_trainer_max_updates():
@@ -157,8 +163,8 @@ def test_scheduler_takes_trainer_max_updates():
                                           "params": {"num_warmup_steps": 0, "num_training_steps": None}},
                             "training": {"max_updates": None}})
     with pytest.raises(UserError, match="max_updates"):
-        build_scheduler(opt, cfg)
-    s = build_scheduler(opt, cfg, max_updates=4)
+        build_scheduler(opt, scheduler_section(cfg))
+    s = build_scheduler(opt, scheduler_section(cfg), max_updates=4)
     assert _lrs(s, opt, 5) == pytest.approx([1.0, 0.75, 0.5, 0.25, 0.0])
 
 
@@ -176,7 +182,7 @@ def test_lr_multipliers_by_parameter_prefix_also_through_a_wrapper():
     model = WithMultipliers()
     cfg = _cfg({"type": "adam_w", "params": {"lr": 1e-3, "weight_decay": 0.1}})
     for wrapped in (model, Wrapper(model)):
-        opt = build_optimizer(wrapped, cfg)
+        opt = build_optimizer(wrapped, optimizer_section(cfg))
         lr_of = {id(p): (g["lr"], g["weight_decay"]) for g in opt.param_groups for p in g["params"]}
         assert lr_of[id(model.emb.weight)] == (pytest.approx(1e-4), 0.1)
         assert lr_of[id(model.lin.weight)] == (pytest.approx(5e-4), 0.1)
@@ -184,7 +190,7 @@ def test_lr_multipliers_by_parameter_prefix_also_through_a_wrapper():
         assert lr_of[id(model.norm.weight)] == (pytest.approx(1e-3), 0.0)
         assert base_lr(opt) == pytest.approx(1e-3)  # what the logs show: the new layers' lr
     with pytest.raises(UserError, match="optimizer.params.lr"):
-        build_optimizer(model, _cfg({"type": "adam_w", "params": {"weight_decay": 0.1}}))
+        _opt(model, {"type": "adam_w", "params": {"weight_decay": 0.1}})
 
 
 @pytest.mark.parametrize("type_,device,params,want", [
@@ -201,7 +207,7 @@ def test_lr_multipliers_by_parameter_prefix_also_through_a_wrapper():
 ])
 def test_registered_optimizers_are_fused_by_default(type_, device, params, want):
     # the model is still on the CPU when the optimizer is built (prepare moves it later)
-    opt = build_optimizer(Tiny(), _cfg({"type": type_, "params": {"lr": 1e-3, **params}}), device=device)
+    opt = _opt(Tiny(), {"type": type_, "params": {"lr": 1e-3, **params}}, device=device)
     assert bool(opt.defaults["fused"]) is want
 
 
@@ -210,15 +216,15 @@ def test_a_device_without_fused_kernels_gets_foreach_logged_once(monkeypatch, ca
     monkeypatch.setattr(torch_optimizer, "_get_fused_kernels_supported_devices", lambda: ["cuda"])
     monkeypatch.setattr(optim, "_fallback_logged", set())
     with caplog.at_level(logging.INFO, logger="mmvl"):
-        first = build_optimizer(Tiny(), _cfg({"type": "adam_w", "params": {"lr": 1e-3}}), device="cpu")
-        second = build_optimizer(Tiny(), _cfg({"type": "sgd", "params": {"lr": 1e-3}}), device="cpu")
+        first = _opt(Tiny(), {"type": "adam_w", "params": {"lr": 1e-3}}, device="cpu")
+        second = _opt(Tiny(), {"type": "sgd", "params": {"lr": 1e-3}}, device="cpu")
     assert not first.defaults["fused"] and first.defaults["foreach"] and second.defaults["foreach"]
     said = [r.getMessage() for r in caplog.records if "no fused" in r.getMessage()]
     assert len(said) == 1 and "foreach" in said[0] and "sync" in said[0]
 
 
 def test_other_optimizers_get_no_fused_default():
-    opt = build_optimizer(Tiny(), _cfg({"type": "rmsprop", "params": {"lr": 1e-3}}), device="cuda")
+    opt = _opt(Tiny(), {"type": "rmsprop", "params": {"lr": 1e-3}}, device="cuda")
     assert not opt.defaults.get("fused")
 
 
@@ -226,8 +232,8 @@ def test_a_loaded_state_keeps_the_built_implementation():
     """A checkpoint saved unfused (an older run) loads into a fused optimizer that stays fused, so
     the fp16 scaler, which hands fused optimizers its scale, still steps it."""
     model = Tiny()
-    opt = build_optimizer(model, _cfg({"type": "adam_w", "params": {"lr": 1e-3}}), device="cpu")
-    saved = build_optimizer(model, _cfg({"type": "adam_w", "params": {"lr": 1e-3, "fused": False}})).state_dict()
+    opt = _opt(model, {"type": "adam_w", "params": {"lr": 1e-3}}, device="cpu")
+    saved = _opt(model, {"type": "adam_w", "params": {"lr": 1e-3, "fused": False}}).state_dict()
     kept = optim.implementation_of(opt)
     opt.load_state_dict(saved)
     optim.restore_implementation(opt, kept)
@@ -241,7 +247,7 @@ def test_a_loaded_state_keeps_the_built_implementation():
 @pytest.mark.cuda
 def test_fused_adam_w_steps_on_cuda_and_under_the_grad_scaler():
     model = Tiny()
-    opt = build_optimizer(model, _cfg({"type": "adam_w", "params": {"lr": 1e-2}}), device="cuda")
+    opt = _opt(model, {"type": "adam_w", "params": {"lr": 1e-2}}, device="cuda")
     model.cuda()
     scaler = torch.amp.GradScaler("cuda")
     before = model.lin.weight.detach().clone()
@@ -282,6 +288,6 @@ def test_a_models_own_groups_lose_their_frozen_parameters():
     model[0].requires_grad_(False)
     model.get_optimizer_parameters = lambda config: [{"params": model[0].parameters(), "lr": 0.5},
                                                      {"params": model[1].parameters()}]
-    optimizer = build_optimizer(model, OmegaConf.create({"optimizer": {"type": "sgd", "params": {"lr": 0.1}}}))
+    optimizer = _opt(model, {"type": "sgd", "params": {"lr": 0.1}})
     assert [len(g["params"]) for g in optimizer.param_groups] == [2]
     assert {id(p) for p in optimizer.param_groups[0]["params"]} == {id(p) for p in model[1].parameters()}

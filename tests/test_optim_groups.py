@@ -7,7 +7,7 @@ import torch
 from omegaconf import OmegaConf
 
 from mmvl.errors import UserError
-from mmvl.optim import base_lr, build_optimizer, build_scheduler
+from mmvl.optim import base_lr, build_optimizer, build_scheduler, optimizer_section, scheduler_section
 from tests.fixtures.two_tower import TinyTwoTower
 
 LR, WD = 1e-3, 0.1
@@ -16,7 +16,7 @@ LR, WD = 1e-3, 0.1
 def build(model, **optimizer):
     cfg = OmegaConf.create({"optimizer": {"type": "adam_w", "params": {"lr": LR, "weight_decay": WD}, **optimizer},
                             "training": {"batch_size": 8, "max_updates": 10}})
-    return build_optimizer(model, cfg), cfg
+    return build_optimizer(model, optimizer_section(cfg)), cfg
 
 
 def per_parameter(model, opt) -> dict[str, tuple[float, float]]:
@@ -47,8 +47,8 @@ def test_per_part_learning_rates_first_rule_wins():
     assert got["token_embedding.weight"] == (LR, 0.3) and got["text_projection.weight"] == (LR, 0.3)
     assert got["logit_scale"] == (pytest.approx(2 * LR), 0.0)
     assert base_lr(opt) == LR
-    scheduler = build_scheduler(opt, OmegaConf.create({"scheduler": {"type": "warmup_linear", "params": {
-        "num_warmup_steps": 0, "num_training_steps": 10}}, "training": {"max_updates": 10}}), max_updates=10)
+    scheduler = build_scheduler(opt, scheduler_section({"scheduler": {"type": "warmup_linear", "params": {
+        "num_warmup_steps": 0, "num_training_steps": 10}}}), max_updates=10)
     opt.step(), scheduler.step()
     after = per_parameter(model, opt)  # every group on the same schedule: the ratios hold
     assert after["visual.1.weight"][0] / after["token_embedding.weight"][0] == pytest.approx(0.1)

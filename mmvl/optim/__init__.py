@@ -20,9 +20,14 @@ update inside the kernel instead of reading a flag back every update.
 
 Schedulers are ``LambdaLR``s stepped once per update, so their state dict is
 plain numbers and survives ``weights_only`` checkpoint loading.
+
+Both builders take their typed section (:class:`mmvl.config.schema.Optimizer`,
+:class:`mmvl.config.schema.Scheduler`), never the whole config: :func:`optimizer_section` and
+:func:`scheduler_section` read them from a config.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import logging
@@ -32,7 +37,7 @@ from typing import Any
 
 import torch
 
-from mmvl.config.access import config_value, plain
+from mmvl.config import schema
 from mmvl.config.components import bind_params, component_spec
 from mmvl.config.schema import LR_SCALINGS
 from mmvl.errors import UserError, did_you_mean
@@ -151,30 +156,63 @@ def restore_implementation(optimizer: Any, saved: list[list[dict[str, Any]]]) ->
             group.update(keys)
 
 
-def build_optimizer(model: torch.nn.Module, config: Any,
-                    device: torch.device | str | None = None) -> torch.optim.Optimizer:
-    """Build ``config.optimizer`` for ``model`` (already wrapped or not), which will train on ``device``."""
-    opt_cfg = plain(config_value(config, "optimizer"))
-    if not isinstance(opt_cfg, Mapping) or not opt_cfg.get("type"):
+def _raw_section(config: Any, name: str) -> Any:
+    """``config[name]`` as written (a DictConfig, plain dicts or None), before any schema default."""
+    return config.get(name) if isinstance(config, Mapping) else getattr(config, name, None)
+
+
+def optimizer_section(config: Any) -> schema.Optimizer:
+    """The typed ``optimizer`` section of ``config``. Its ``type`` must be written there: the
+    schema's default (adam_w) never stands in for a missing one. Absent ``params`` are none (the
+    schema's default params are adam_w's); other absent fields take the schema's defaults."""
+    raw = _raw_section(config, "optimizer")
+    if not isinstance(raw, Mapping) or not raw.get("type"):
         raise UserError("config has no optimizer.type; set e.g. `optimizer: {type: adam_w, params: {lr: 1e-4}}`.")
-    name, params = component_spec({k: opt_cfg[k] for k in ("type", "params") if k in opt_cfg}, "optimizer")
+    typed = schema.section(config, "optimizer")
+    return typed if "params" in raw else dataclasses.replace(typed, params={})
+
+
+def scheduler_section(config: Any) -> schema.Scheduler:
+    """The typed ``scheduler`` section of ``config``; ``type`` None when the config has no scheduler
+    (absent, null, ``{}`` or a null type: never the schema's default schedule)."""
+    raw = _raw_section(config, "scheduler")
+    if raw is None or (isinstance(raw, Mapping) and raw.get("type") is None):
+        return schema.Scheduler(type=None, params={})
+    name, params = component_spec(raw, "scheduler")  # a bare name too; unknown keys refused
+    if not isinstance(raw, Mapping):
+        return schema.Scheduler(type=name, params=params)
+    typed = schema.section(config, "scheduler")
+    return typed if "params" in raw else dataclasses.replace(typed, params={})
+
+
+def build_optimizer(model: torch.nn.Module, section: schema.Optimizer, device: torch.device | str | None = None,
+                    *, batch_size: int | None = None, config: Any = None) -> torch.optim.Optimizer:
+    """Build the optimizer ``section`` describes for ``model`` (already wrapped or not), which will
+    train on ``device``. ``batch_size``: the global one ``lr_scaling`` scales by; ``config``: the
+    whole config, only handed to a model's own ``get_optimizer_parameters(config)`` (MMF's hook)."""
+    if not isinstance(section, schema.Optimizer):
+        raise TypeError(f"build_optimizer takes the typed optimizer section (mmvl.optim.optimizer_section(config)), "
+                        f"got {type(section).__name__}")
+    if not section.type:
+        raise UserError("config has no optimizer.type; set e.g. `optimizer: {type: adam_w, params: {lr: 1e-4}}`.")
+    name, params = component_spec({"type": section.type, "params": section.params}, "optimizer")
     factory = OPTIMIZERS.get(name)
     params = bind_params(factory, {k: tuple(v) if isinstance(v, list) else v for k, v in params.items()},
                          (None,), kind="optimizer", name=name, where="optimizer",
                          defaults=implementation_default(factory, device, params))
     if "lr" in params:
-        params["lr"] = scaled_lr(float(params["lr"]), opt_cfg.get("lr_scaling"), config_value(config, "training.batch_size"))
-    elif opt_cfg.get("lr_scaling"):
+        params["lr"] = scaled_lr(float(params["lr"]), section.lr_scaling, batch_size)
+    elif section.lr_scaling not in (None, "none", "null"):
         raise UserError("optimizer.lr_scaling is set but optimizer.params.lr is missing; give a base lr.")
 
     custom = getattr(model, "get_optimizer_parameters", None)
     if callable(custom):
         groups = trainable_only(custom(config))
     else:
-        no_decay = opt_cfg.get("no_weight_decay")
-        groups = param_groups(model, params.get("weight_decay"), _lr_multipliers(model), opt_cfg.get("param_groups"),
+        no_decay = section.no_weight_decay
+        groups = param_groups(model, params.get("weight_decay"), _lr_multipliers(model), section.param_groups,
                               NO_DECAY_NAMES if no_decay is None else list(no_decay),
-                              float(opt_cfg.get("layer_decay") or 1.0), params.get("lr"))
+                              float(section.layer_decay or 1.0), params.get("lr"))
         if any("lr_multiplier" in g for g in groups) and "lr" not in params:
             raise UserError("per-part learning rates (the model's lr_multipliers, optimizer.param_groups or "
                             "optimizer.layer_decay) need optimizer.params.lr; give a base lr.")
@@ -278,27 +316,27 @@ def _clamp_warmup(params: dict[str, Any]) -> None:
         params["num_warmup_steps"] = steps
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, config: Any,
+def build_scheduler(optimizer: torch.optim.Optimizer, section: schema.Scheduler | None,
                     max_updates: int | None = None) -> torch.optim.lr_scheduler.LRScheduler | None:
-    """Build ``config.scheduler`` ({type, params}); None when absent or null.
+    """Build the schedule ``section`` describes; None when it has no ``type`` (or is None).
 
-    ``num_training_steps`` defaults to ``max_updates`` (the trainer's count,
-    e.g. derived from ``training.max_epochs``), else ``training.max_updates``,
-    when the scheduler takes it and the config leaves it null; a longer warm-up is
-    then clamped to it (with a warning).
+    ``num_training_steps`` defaults to ``max_updates`` (the run's length, e.g. the trainer's
+    count derived from ``training.max_epochs``) when the scheduler takes it and the section
+    leaves it null; a longer warm-up is then clamped to it (with a warning).
     """
-    sched_cfg = plain(config_value(config, "scheduler"))
-    if sched_cfg is None or sched_cfg == {} or (isinstance(sched_cfg, Mapping) and sched_cfg.get("type") is None):
+    if section is not None and not isinstance(section, schema.Scheduler):
+        raise TypeError(f"build_scheduler takes the typed scheduler section (mmvl.optim.scheduler_section(config)), "
+                        f"got {type(section).__name__}")
+    if section is None or section.type is None:
         return None
-    name, params = component_spec(sched_cfg, "scheduler")
+    name, params = component_spec({"type": section.type, "params": section.params}, "scheduler")
     derived: list[bool] = []
 
     def run_length() -> int:
-        updates = max_updates if max_updates is not None else config_value(config, "training.max_updates")
-        if updates is None:
+        if max_updates is None:
             raise UserError(f"scheduler {name!r} needs scheduler.params.num_training_steps or training.max_updates.")
         derived.append(True)  # num_training_steps is the run's length: a longer warm-up is clamped
-        return _as_int(updates)
+        return _as_int(max_updates)
 
     factory = SCHEDULERS.get(name)
     params = bind_params(factory, params, (optimizer,), kind="scheduler", name=name, where="scheduler",

@@ -18,39 +18,29 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from mmvl import registry
-from mmvl.config import save_config
-from mmvl.config.access import config_value
-from mmvl.config.load import check_config_file
-from mmvl.config.schema import stages
-from mmvl.utils.logger import setup_logging
+from mmvl.build import build_callbacks
 from mmvl.checkpoint import CheckpointManager, State, schema
-from mmvl.build import build_callbacks, build_datasets, build_model, model_config
-from mmvl.data.sample import DevicePrefetcher
-from mmvl.data.loaders import resolve_pin_memory
-from mmvl.data.predictions import check_prediction_targets
-from mmvl.data.shard_stream import train_stream
+from mmvl.config import save_config
+from mmvl.config.schema import stages
 from mmvl.distributed.env import DistEnv
-from mmvl.engine import Engine
-from mmvl.errors import UserError
-from mmvl.locks import lock_dir
-from mmvl.losses import build_losses, compute_losses
-from mmvl.metrics import build_metrics
-from mmvl.optim import base_lr, build_optimizer, build_scheduler
-from mmvl.trainers.contrastive_step import cached_contrastive_update, uses_cached_contrast
-from mmvl.trainers.evaluation import BestTracker, prepare_split
+from mmvl.losses import compute_losses
+from mmvl.optim import base_lr
+from mmvl.trainers.contrastive_step import cached_contrastive_update
+from mmvl.trainers.evaluation import BestTracker
 from mmvl.trainers.evaluation import evaluate as evaluate_split
 from mmvl.trainers.finite import NonFiniteGuard, NonFiniteLossError
-from mmvl.trainers.resume import load_pretrained, resume
+from mmvl.trainers.parts import build_parts
+from mmvl.trainers.resume import resume
 from mmvl.trainers.state import HOOKS, LOG_HOOK, Best, Evaluation, Sections, TrainerState
 from mmvl.utils.flops import FlopCount, batch_tokens, leaves_no_trace
-from mmvl.utils.rng import seed_everything
 
 log = logging.getLogger("mmvl")
 
 
 @registry.register_trainer("mmvl")
 class Trainer:
-    """Builds a run from a resolved config and trains/evaluates it.
+    """Trains and evaluates a run: the parts :func:`mmvl.trainers.parts.build_parts` builds from a
+    resolved config, driven by fit, the step, settle and evaluation.
 
     It owns :attr:`state` (:class:`mmvl.trainers.state.TrainerState`), dispatches every hook of
     :data:`mmvl.trainers.state.HOOKS` to every callback itself, and is what callbacks see
@@ -61,48 +51,19 @@ class Trainer:
 
     def __init__(self, config: DictConfig, env: DistEnv | None = None,
                  checkpointables: Mapping[str, Any] | None = None):
-        """``checkpointables``: more objects (name -> anything with ``state_dict``/``load_state_dict``)
-        to save in every checkpoint and restore on resume, e.g. ``{"ema": ema}``."""
-        from mmvl.distributed.init import init_distributed
-
+        """Build the run's parts (:func:`mmvl.trainers.parts.build_parts`), then the loop's own state,
+        callbacks and checkpointables, and resume. ``checkpointables``: more objects (name -> anything
+        with ``state_dict``/``load_state_dict``) saved in every checkpoint and restored on resume,
+        e.g. ``{"ema": ema}``."""
         self.config = config
         self.sections = Sections.of(config)  # what callbacks read of the config
-        self.env = env or init_distributed(config)
+        parts = build_parts(config, env)
+        self.env, self.engine, self.batch_size, self.builders = parts.env, parts.engine, parts.batch_size, parts.builders
+        self.model, self.optimizer, self.scheduler = parts.model, parts.optimizer, parts.scheduler
+        self.losses, self.cached_contrast, self.metrics = parts.losses, parts.cached_contrast, parts.metrics
+        self.train_data = parts.train_data
+        self.state = TrainerState(max_updates=parts.max_updates)
         t = config.training
-        def own_save_dir() -> None:  # rank 0; every rank learns of a refusal (no rank waits for it)
-            _check_writable(str(config.env.save_dir))
-            lock_dir(str(config.env.save_dir))  # one run per save dir, for this process's life
-            check_config_file(os.path.join(str(config.env.save_dir), "config.yaml"))  # before any work
-            if config.evaluation.get("predict"):  # before training, not after it
-                check_prediction_targets(str(config.env.save_dir), [str(n) for n in config.datasets or []],
-                                         [s for s in ("val", "test") if s in stages(config)])
-
-        Engine.on_main_agreed(own_save_dir, "own env.save_dir")
-        setup_logging(str(config.env.save_dir), self.env.rank, bool(config_value(config, "training.colored_logs")))
-        seed_everything(int(t.seed))  # identical model initialisation on every rank
-        self.engine = Engine(config, env=self.env)
-        world = self.env.world_size
-        if int(t.batch_size) % world:
-            raise UserError(f"training.batch_size={t.batch_size} is not divisible by the world size "
-                            f"{world}; use a multiple of {world}.")
-        self.batch_size = int(t.batch_size) // world
-        self.builders = build_datasets(config)
-        self._prepare_data()
-        self.model = build_model(config, self.builders,
-                                 checkpointing=not self.engine.strategy.handles_gradient_checkpointing)
-        load_pretrained(self.engine, self.model, config)  # checkpoint.resume_pretrained: weights only, before wrapping
-        self.losses = build_losses(list(model_config(config, self.builders).get("losses") or []))
-        self.cached_contrast = uses_cached_contrast(self.losses, self.engine.gradient_accumulation)
-        optimizer = build_optimizer(self.model, config, device=self.env.device)
-        self.model, self.optimizer = self.engine.prepare(self.model, optimizer)
-        self.metrics = {name: build_metrics(list(b.config.get("metrics") or [])
-                                            + list(config.evaluation.get("metrics") or []))
-                        for name, b in self.builders.items()}
-        seed_everything(int(t.seed), self.env.rank)  # per-rank randomness from here on
-        self.train_data = self._train_stream() if "train" in stages(config) else None
-        self.state = TrainerState(max_updates=self._max_updates())
-        scheduler = build_scheduler(self.optimizer.optimizer, config, max_updates=self.state.max_updates)
-        self.scheduler = None if scheduler is None else self.engine.prepare(scheduler)
         self.clip_grad_norm = t.get("clip_grad_norm")
         self.log_interval = max(1, int(t.log_interval or 1))
         self.flops = FlopCount()
@@ -111,8 +72,7 @@ class Trainer:
         stop = t.early_stop
         self.best_tracker = BestTracker(stop.get("criteria"), stop.get("minimize"), {name for name, _ in self.losses})
         self._published: list[dict[str, Any]] = []  # on_log events waiting for the end of a hook's round
-        self.checkpoints = CheckpointManager(str(config.env.save_dir),
-                                             int(config.checkpoint.max_to_keep))
+        self.checkpoints = CheckpointManager(str(config.env.save_dir), int(config.checkpoint.max_to_keep))
         keyed = build_callbacks(config, self)  # training.builtin_callbacks, then training.callbacks
         self.callback_keys = [key for key, _ in keyed]  # their state's names in checkpoints
         self.callbacks = [callback for _, callback in keyed]
@@ -121,44 +81,6 @@ class Trainer:
         self.state.epoch = self.epoch
         if self.env.is_main_process:  # only once everything was built: a failed start changes nothing
             save_config(config, os.path.join(str(config.env.save_dir), "config.yaml"))
-
-    # -- data -----------------------------------------------------------------
-    def _prepare_data(self) -> None:
-        """Rank 0 creates missing data first; the others wait, then only read."""
-        if self.engine.is_main_process:
-            for builder in self.builders.values():
-                builder.prepare()
-        self.engine.wait_for_everyone()
-        if not self.engine.is_main_process:
-            for builder in self.builders.values():
-                builder.prepare()
-        run = stages(self.config)  # parse/map the splits used first (rank 0 caches them)
-        for split in ["train"] if "train" in run else [s for s in ("val", "test") if s in run]:
-            prepare_split(self.builders, split, self.engine.is_main_process)
-
-    def _train_stream(self) -> Any:
-        t = self.config.training
-        streams = {name: train_stream(  # a ShardStream for shard datasets
-            b.build("train"), batch_size=self.batch_size, collate_fn=b.collate,
-            seed=int(t.seed), rank=self.env.rank, world_size=self.env.world_size,
-            num_workers=int(t.num_workers), pin_memory=resolve_pin_memory(t.pin_memory, self.env.device),
-            persistent_workers=bool(t.persistent_workers), name=name)
-            for name, b in self.builders.items()}
-        stream = next(iter(streams.values()))
-        if len(streams) > 1:
-            from mmvl.data.multi import MultiStream
-
-            stream = MultiStream(streams, self.config.get("multitasking"), seed=int(t.seed))
-        if self.env.device.type == "cuda" and self.engine.prefetch:  # copy the next batch on a side stream
-            stream = DevicePrefetcher(stream, self.env.device)
-        return stream
-
-    def _max_updates(self) -> int:
-        t = self.config.training
-        if t.get("max_epochs") and self.train_data is not None:
-            per_epoch = self.train_data.batches_per_epoch / self.engine.gradient_accumulation
-            return max(1, int(per_epoch * float(t.max_epochs)))
-        return int(t.max_updates)
 
     @property
     def epoch(self) -> int:
@@ -199,19 +121,28 @@ class Trainer:
     def train_step(self) -> dict[str, Any]:
         """One optimizer update over ``gradient_accumulation`` micro-batches (no wait on the device).
 
-        The update's micro-batches are drawn first, and every loss with ``begin_update`` sees them all
-        before any forward (e.g. to normalise by the update's token count); a contrastive update
-        computes them against each other (:mod:`mmvl.trainers.contrastive_step`)."""
+        The micro-batches stream: each is drawn after the previous one's backward, so device memory
+        does not grow with the accumulation. Only an update that needs them together draws them all
+        before the first forward (:meth:`_whole_update`); the first update also keeps them all, for
+        its FLOP count after it (:meth:`count_flops`)."""
         engine = self.engine
-        batches = [engine.to_device(next(self.train_data)) for _ in range(engine.gradient_accumulation)]
-        counted = [dict(b) if isinstance(b, Mapping) else b for b in batches] if self.flops.pending else ()
-        for _, loss_fn in self.losses:
-            if hasattr(loss_fn, "begin_update"):
-                loss_fn.begin_update(batches)
-        if self.cached_contrast:
-            micro = cached_contrastive_update(engine, self.model, self.losses, batches)
+        counted: list[Any] = []  # the first update's micro-batches as drawn, for count_flops after it
+
+        def draw() -> Any:
+            batch = engine.to_device(next(self.train_data))
+            if self.flops.pending:
+                counted.append(dict(batch) if isinstance(batch, Mapping) else batch)
+            return batch
+
+        if self.cached_contrast or any(hasattr(loss_fn, "begin_update") for _, loss_fn in self.losses):
+            micro, tokens = self._whole_update([draw() for _ in range(engine.gradient_accumulation)])
         else:
-            micro = [self._micro_step(batch) for batch in batches]
+            micro, tokens = [], 0
+            for _ in range(engine.gradient_accumulation):
+                batch = draw()
+                micro.append(self._micro_step(batch))
+                tokens += batch_tokens(batch)
+                del batch  # before the next one is drawn: one micro-batch on the device at a time
         totals = mean_losses(micro)
         grad_norm = engine.clip_grad_norm_(self.model, self.clip_grad_norm) if self.clip_grad_norm else None
         self.nonfinite.record(totals, self.state.update + 1)
@@ -223,9 +154,22 @@ class Trainer:
         for batch in counted:  # after the update: no strategy holds gradients in between now
             self.count_flops(batch)
         world = self.env.world_size
-        return {"losses": totals, "grad_norm": grad_norm, "lr": lr,
-                "tokens": sum(batch_tokens(b) for b in batches) * world,
+        return {"losses": totals, "grad_norm": grad_norm, "lr": lr, "tokens": tokens * world,
                 "samples": self.batch_size * engine.gradient_accumulation * world}
+
+    def _whole_update(self, batches: list[Any]) -> tuple[list[dict[str, torch.Tensor]], int]:
+        """Forward and backward of an update whose micro-batches were all drawn first: every loss
+        with ``begin_update`` sees them all before any forward (e.g. to normalise by the update's
+        token count), and a contrastive update computes them against each other
+        (:mod:`mmvl.trainers.contrastive_step`). The micro-batches' losses, and their tokens."""
+        for _, loss_fn in self.losses:
+            if hasattr(loss_fn, "begin_update"):
+                loss_fn.begin_update(batches)
+        if self.cached_contrast:
+            micro = cached_contrastive_update(self.engine, self.model, self.losses, batches)
+        else:
+            micro = [self._micro_step(batch) for batch in batches]
+        return micro, sum(batch_tokens(b) for b in batches)
 
     def _micro_step(self, batch: Any) -> dict[str, torch.Tensor]:
         """Forward, losses and backward (divided by the accumulation) of one micro-batch."""
@@ -357,18 +301,6 @@ def mean_losses(micro: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]
     if len(micro) == 1:
         return {k: v.detach().float() for k, v in micro[0].items()}
     return {k: torch.stack([m[k].detach().float() for m in micro]).mean() for k in micro[0]}
-
-
-def _check_writable(save_dir: str) -> None:
-    try:
-        os.makedirs(save_dir, exist_ok=True)
-        probe = os.path.join(save_dir, f".write_test_{os.getpid()}")
-        with open(probe, "w") as f:
-            f.write("ok")
-        os.remove(probe)
-    except OSError as e:
-        raise UserError(f"env.save_dir={save_dir!r} is not writable ({e.strerror}); "
-                        "choose another env.save_dir or fix its permissions.") from None
 
 
 def run(config: DictConfig) -> dict[str, Any]:

@@ -8,7 +8,7 @@ import torch
 
 from mmvl.config import load_config
 from mmvl.errors import UserError
-from mmvl.optim import build_optimizer, build_scheduler
+from mmvl.optim import build_optimizer, build_scheduler, optimizer_section, scheduler_section
 from mmvl.trainers.trainer import run
 from tests.fixtures.toy import register, toy_opts
 
@@ -20,27 +20,27 @@ def test_switching_the_optimizer_drops_what_it_refuses(caplog):
         config = load_config([DEMO, "optimizer.type=sgd"])
     assert dict(config.optimizer.params) == {"lr": 1e-3, "weight_decay": 0.01}  # the demo's lr is kept
     assert "optimizer.type=sgd does not take eps" in caplog.text and "defaults.yaml" in caplog.text
-    optimizer = build_optimizer(torch.nn.Linear(2, 2), config)
+    optimizer = build_optimizer(torch.nn.Linear(2, 2), optimizer_section(config))
     assert type(optimizer).__name__ == "SGD" and optimizer.defaults["momentum"] == 0  # SGD's own default
 
 
 def test_a_refused_parameter_typed_on_the_command_line_is_still_an_error():
     config = load_config([DEMO, "optimizer.type=sgd", "optimizer.params.eps=1e-6"])
     with pytest.raises(UserError, match="optimizer.params.eps is not accepted by optimizer 'sgd'"):
-        build_optimizer(torch.nn.Linear(2, 2), config)
+        build_optimizer(torch.nn.Linear(2, 2), optimizer_section(config))
 
 
 def test_a_misspelt_parameter_without_a_switch_still_stops():
     config = load_config([DEMO, "optimizer.params.epz=1e-6"])
     with pytest.raises(UserError, match="epz"):
-        build_optimizer(torch.nn.Linear(2, 2), config)
+        build_optimizer(torch.nn.Linear(2, 2), optimizer_section(config))
 
 
 def test_switching_the_scheduler_keeps_what_it_takes():
     config = load_config([DEMO, "scheduler.type=warmup_cosine"])
     assert config.scheduler.params.num_warmup_steps == 300  # the demo's warm-up, taken by cosine too
-    optimizer = build_optimizer(torch.nn.Linear(2, 2), config)
-    assert build_scheduler(optimizer, config, max_updates=100) is not None
+    optimizer = build_optimizer(torch.nn.Linear(2, 2), optimizer_section(config))
+    assert build_scheduler(optimizer, scheduler_section(config), max_updates=100) is not None
 
 
 def test_training_with_a_switched_optimizer(tmp_path):

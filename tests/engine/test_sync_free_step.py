@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 
 from mmvl.distributed.env import DistEnv
 from mmvl.engine import Engine
-from mmvl.optim import build_optimizer, build_scheduler
+from mmvl.optim import build_optimizer, build_scheduler, optimizer_section, scheduler_section
 from mmvl.registry import OPTIMIZERS, SCHEDULERS
 from tests.distributed.dist_launch import launch
 from tests.fixtures.syncs import SyncCounter
@@ -43,8 +43,8 @@ def run_case(env: DistEnv, strategy: str, optimizer: str, scheduler: str, precis
     engine = Engine(config, env=env)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
-    opt = build_optimizer(model, config, device=engine.device)
-    model, opt, sched = engine.prepare(model, opt, build_scheduler(opt, config))
+    opt = build_optimizer(model, optimizer_section(config), device=engine.device)
+    model, opt, sched = engine.prepare(model, opt, build_scheduler(opt, scheduler_section(config), UPDATES))
     x = torch.randn(4, 8) + env.rank
     per_update: list[list[str]] = []
     with SyncCounter() as counter:

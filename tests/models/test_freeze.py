@@ -21,7 +21,7 @@ from mmvl.config import load_config
 from mmvl.errors import UserError
 from mmvl.losses import build_losses, compute_losses
 from mmvl.models.base import BASE_PART
-from mmvl.optim import build_optimizer
+from mmvl.optim import build_optimizer, optimizer_section
 from mmvl.registry import MODELS
 
 TINY = Path(__file__).resolve().parent / "tiny"
@@ -107,7 +107,7 @@ def test_every_offered_part_freezes_and_resumes_strictly(name, tiny):
         model = _fresh(name, mcfg)
         assert model.freeze([part]) == [part]
         before = {n: p.detach().clone() for n, p in model.named_parameters()}
-        optimizer = build_optimizer(model, config)
+        optimizer = build_optimizer(model, optimizer_section(config))
         for _ in range(UPDATES):
             _update(model, optimizer, losses, batch)
         named = dict(model.named_parameters())
@@ -126,7 +126,7 @@ def test_every_offered_part_freezes_and_resumes_strictly(name, tiny):
         resumed = _fresh(name, mcfg, seed=1)
         resumed.freeze([part])
         resumed.load_state_dict(saved["model"], strict=True)
-        resumed_opt = build_optimizer(resumed, config)
+        resumed_opt = build_optimizer(resumed, optimizer_section(config))
         resumed_opt.load_state_dict(saved["optimizer"])
         _update(model, optimizer, losses, batch)
         _update(resumed, resumed_opt, losses, batch)
@@ -172,7 +172,7 @@ def test_mmf_freeze_base_trains_only_the_head(no_data):
     model = build_model(config, {})
     head = {n for n, _ in model.named_parameters() if n.split(".")[0] in model.HEAD}
     assert head and all(p.requires_grad == (n in head) for n, p in model.named_parameters())
-    optimizer = build_optimizer(model, config)
+    optimizer = build_optimizer(model, optimizer_section(config))
     assert {id(p) for g in optimizer.param_groups for p in g["params"]} == {
         id(p) for n, p in model.named_parameters() if n in head}
 
@@ -182,7 +182,7 @@ def test_a_model_with_every_part_frozen_is_refused_by_the_optimizer(no_data):
     model = _fresh("relation_network", mcfg)
     model.freeze([BASE_PART, "classifier"])
     with pytest.raises(UserError, match="no trainable parameters; freeze fewer parts"):
-        build_optimizer(model, config)
+        build_optimizer(model, optimizer_section(config))
 
 
 def test_a_freeze_value_that_is_not_a_list_is_one_line(no_data):

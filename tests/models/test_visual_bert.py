@@ -229,19 +229,19 @@ def test_pooled_and_visual_head_reads_every_visual_token():
 
 
 def test_pretrained_text_encoder_learns_at_its_lr_multiplier():
-    from mmvl.optim import build_optimizer
+    from mmvl.optim import build_optimizer, optimizer_section
 
     model = tiny(vocab_size=None, initializer_range=0.1,
                  text_encoder={"pretrained_path": "minilm", "num_layers": 1, "lr_multiplier": 0.1})
     assert len(model.bert.encoder.layer) == 1 and model.bert.config.num_hidden_layers == 1
     assert model.visual_embeddings.proj.weight.std().item() == pytest.approx(0.1, rel=0.2)  # new layers' init
-    opt = build_optimizer(model, OmegaConf.create({"optimizer": {"type": "adam_w", "params": {"lr": 1e-3}}}))
+    opt = build_optimizer(model, optimizer_section({"optimizer": {"type": "adam_w", "params": {"lr": 1e-3}}}))
     lr_of = {id(p): g["lr"] for g in opt.param_groups for p in g["params"]}
     for name, p in model.named_parameters():
         assert lr_of[id(p)] == pytest.approx(1e-4 if name.startswith("bert.") else 1e-3), name
     # random-initialised text encoder: the multiplier does not apply
     plain = tiny(text_encoder={"lr_multiplier": 0.1})
-    opt = build_optimizer(plain, OmegaConf.create({"optimizer": {"type": "adam_w", "params": {"lr": 1e-3}}}))
+    opt = build_optimizer(plain, optimizer_section({"optimizer": {"type": "adam_w", "params": {"lr": 1e-3}}}))
     assert {g["lr"] for g in opt.param_groups} == {1e-3}
     with pytest.raises(UserError, match="lr_multiplier"):
         tiny(vocab_size=None, text_encoder={"pretrained_path": "minilm", "lr_multiplier": -1}).lr_multipliers()

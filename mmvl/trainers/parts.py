@@ -1,0 +1,166 @@
+"""Building a run apart from running it: :func:`build_parts` turns a resolved config into the
+parts the loop works with (:class:`RunParts`), and :class:`mmvl.trainers.Trainer` then holds the
+loop (fit, the step, settle, evaluation) over them, as detectron2's ``DefaultTrainer`` builds what
+its ``SimpleTrainer`` runs.
+
+The order is the run's contract: rank 0 owns the save directory before any work; the model is
+initialised under the same seed on every rank, its pretrained weights are loaded before the
+Engine wraps it; randomness is per rank from the data on; the schedule's length is known only
+once the training data is (``training.max_epochs``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from mmvl.build import build_datasets, build_model, model_config
+from mmvl.config.load import check_config_file
+from mmvl.config.schema import stages
+from mmvl.data.loaders import resolve_pin_memory
+from mmvl.data.predictions import check_prediction_targets
+from mmvl.data.sample import DevicePrefetcher
+from mmvl.data.shard_stream import train_stream
+from mmvl.distributed.env import DistEnv
+from mmvl.engine import Engine
+from mmvl.errors import UserError
+from mmvl.locks import lock_dir
+from mmvl.losses import build_losses
+from mmvl.metrics import build_metrics
+from mmvl.optim import build_optimizer, build_scheduler, optimizer_section, scheduler_section
+from mmvl.trainers.contrastive_step import uses_cached_contrast
+from mmvl.trainers.evaluation import prepare_split
+from mmvl.trainers.resume import load_pretrained
+from mmvl.utils.logger import setup_logging
+from mmvl.utils.rng import seed_everything
+
+
+@dataclasses.dataclass
+class RunParts:
+    """What a run is made of, built from its config before the loop starts."""
+
+    env: DistEnv
+    engine: Engine
+    #: this rank's share of ``training.batch_size``
+    batch_size: int
+    #: dataset builders by name (``datasets``)
+    builders: dict[str, Any]
+    #: prepared by the Engine (wrapped for its strategy), pretrained weights loaded
+    model: torch.nn.Module
+    optimizer: Any
+    scheduler: Any | None
+    #: ``(name, loss)`` pairs from the model's ``losses``
+    losses: list[tuple[str, Any]]
+    #: whether an update computes its contrastive loss over all its micro-batches at once
+    cached_contrast: bool
+    #: metrics by dataset name
+    metrics: dict[str, Any]
+    #: the endless training stream (None when the run does not train)
+    train_data: Any | None
+    #: the run's length in updates (from ``training.max_epochs`` when set)
+    max_updates: int
+
+
+def build_parts(config: Any, env: DistEnv | None = None) -> RunParts:
+    """Every part of the run ``config`` describes (every rank calls it; ``env``: an initialised
+    process group, else :func:`mmvl.distributed.init.init_distributed` makes one)."""
+    from mmvl.distributed.init import init_distributed
+
+    env = env or init_distributed(config)
+    t = config.training
+    Engine.on_main_agreed(functools.partial(own_save_dir, config), "own env.save_dir")
+    setup_logging(str(config.env.save_dir), env.rank, bool(t.get("colored_logs")))
+    seed_everything(int(t.seed))  # identical model initialisation on every rank
+    engine = Engine(config, env=env)
+    if int(t.batch_size) % env.world_size:
+        raise UserError(f"training.batch_size={t.batch_size} is not divisible by the world size "
+                        f"{env.world_size}; use a multiple of {env.world_size}.")
+    batch_size = int(t.batch_size) // env.world_size
+    builders = build_datasets(config)
+    prepare_data(engine, builders, stages(config))
+    model = build_model(config, builders, checkpointing=not engine.strategy.handles_gradient_checkpointing)
+    load_pretrained(engine, model, config)  # checkpoint.resume_pretrained: weights only, before wrapping
+    losses = build_losses(list(model_config(config, builders).get("losses") or []))
+    optimizer = build_optimizer(model, optimizer_section(config), env.device, batch_size=int(t.batch_size),
+                                config=config)
+    model, optimizer = engine.prepare(model, optimizer)
+    metrics = {name: build_metrics(list(b.config.get("metrics") or []) + list(config.evaluation.get("metrics") or []))
+               for name, b in builders.items()}
+    seed_everything(int(t.seed), env.rank)  # per-rank randomness from here on
+    train_data = training_stream(config, engine, builders, batch_size) if "train" in stages(config) else None
+    max_updates = run_length(t, train_data, engine.gradient_accumulation)
+    scheduler = build_scheduler(optimizer.optimizer, scheduler_section(config), max_updates)
+    return RunParts(env=env, engine=engine, batch_size=batch_size, builders=builders, model=model,
+                    optimizer=optimizer, scheduler=None if scheduler is None else engine.prepare(scheduler),
+                    losses=losses, cached_contrast=uses_cached_contrast(losses, engine.gradient_accumulation),
+                    metrics=metrics, train_data=train_data, max_updates=max_updates)
+
+
+def own_save_dir(config: Any) -> None:
+    """Rank 0 takes ``env.save_dir`` (run through :meth:`Engine.on_main_agreed`: every rank
+    learns of a refusal, no rank waits for it): writable, locked for this process's life, no
+    other run's config in it, prediction targets free; all before any work."""
+    save_dir = str(config.env.save_dir)
+    check_writable(save_dir)
+    lock_dir(save_dir)  # one run per save dir, for this process's life
+    check_config_file(os.path.join(save_dir, "config.yaml"))
+    if config.evaluation.get("predict"):  # before training, not after it
+        check_prediction_targets(save_dir, [str(n) for n in config.datasets or []],
+                                 [s for s in ("val", "test") if s in stages(config)])
+
+
+def check_writable(save_dir: str) -> None:
+    try:
+        os.makedirs(save_dir, exist_ok=True)
+        probe = os.path.join(save_dir, f".write_test_{os.getpid()}")
+        with open(probe, "w") as f:
+            f.write("ok")
+        os.remove(probe)
+    except OSError as e:
+        raise UserError(f"env.save_dir={save_dir!r} is not writable ({e.strerror}); "
+                        "choose another env.save_dir or fix its permissions.") from None
+
+
+def prepare_data(engine: Engine, builders: Mapping[str, Any], run: frozenset[str]) -> None:
+    """Rank 0 creates missing data first; the others wait, then only read."""
+    if engine.is_main_process:
+        for builder in builders.values():
+            builder.prepare()
+    engine.wait_for_everyone()
+    if not engine.is_main_process:
+        for builder in builders.values():
+            builder.prepare()
+    for split in ["train"] if "train" in run else [s for s in ("val", "test") if s in run]:
+        prepare_split(builders, split, engine.is_main_process)  # parse/map the splits used first (rank 0 caches)
+
+
+def training_stream(config: Any, engine: Engine, builders: Mapping[str, Any], batch_size: int) -> Any:
+    """This rank's endless stream of training batches over every dataset (a ShardStream for shard
+    datasets; several datasets are sampled by ``multitasking``), copied to the GPU ahead."""
+    t, env = config.training, engine.env
+    streams = {name: train_stream(
+        b.build("train"), batch_size=batch_size, collate_fn=b.collate,
+        seed=int(t.seed), rank=env.rank, world_size=env.world_size,
+        num_workers=int(t.num_workers), pin_memory=resolve_pin_memory(t.pin_memory, env.device),
+        persistent_workers=bool(t.persistent_workers), name=name)
+        for name, b in builders.items()}
+    stream = next(iter(streams.values()))
+    if len(streams) > 1:
+        from mmvl.data.multi import MultiStream
+
+        stream = MultiStream(streams, config.get("multitasking"), seed=int(t.seed))
+    if env.device.type == "cuda" and engine.prefetch:  # copy the next batch on a side stream
+        stream = DevicePrefetcher(stream, env.device)
+    return stream
+
+
+def run_length(training: Any, train_data: Any | None, accumulation: int) -> int:
+    """The run's length in updates: ``training.max_epochs`` over the training data when set, else
+    ``training.max_updates``."""
+    if training.get("max_epochs") and train_data is not None:
+        return max(1, int(train_data.batches_per_epoch / accumulation * float(training.max_epochs)))
+    return int(training.max_updates)
