@@ -308,3 +308,16 @@ def test_film_on_the_attention_keys_leaves_the_pairs_unconditioned():
                 {"film_keys_only": "yes", "object_encoder_film": True, "question_attention": True}):
         with pytest.raises(UserError, match="film_keys_only"):
             tiny(object_encoder_sizes=[9], **bad)
+
+
+def test_the_easy_vqa_project_normalises_each_cnn_channel_on_its_own():
+    """projects/relation_network/configs/easy_vqa: one GroupNorm group per CNN channel (what made shape
+    learning seed-robust there, docs/easy_vqa.md) reaches the built model."""
+    from mmvl.config import load_config
+
+    project = RN_PROJECT.parents[1] / "easy_vqa" / "defaults.yaml"
+    config = load_config([f"config={project}", "model_config.relation_network.vocab_size=30",
+                          "model_config.relation_network.num_labels=13"])
+    model = RelationNetwork(config.model_config.relation_network)
+    norms = [m for m in model.image_encoder.modules() if isinstance(m, nn.GroupNorm)]
+    assert len(norms) == 3 and all(n.num_groups == n.num_channels == 24 for n in norms)

@@ -18,6 +18,23 @@ def test_per_layer_kernel_sizes_set_each_conv():
     assert [stage[0].kernel_size for stage in same.stages] == [(3, 3), (3, 3)]
 
 
+def test_one_group_per_channel_normalises_each_channel_over_its_own_map():
+    """``groups`` sets every layer's GroupNorm; with one group per channel (the easy-VQA Relation
+    Network's setting) each channel of each image has mean 0 over its map, with the default 8 groups
+    (3 channels a group) only each group's mean is 0."""
+    torch.manual_seed(0)
+    images = torch.randn(2, 3, 16, 16)
+    per_channel = CNNEncoder(channels=[24, 24], groups=24, coords=False)
+    default = CNNEncoder(channels=[24, 24], coords=False)
+    assert [stage[1].num_groups for stage in per_channel.stages] == [24, 24]
+    assert [stage[1].num_groups for stage in default.stages] == [8, 8]
+    for enc, expect_zero in ((per_channel, True), (default, False)):
+        conv, norm = enc.stages[0][0], enc.stages[0][1]
+        with torch.no_grad():
+            channel_means = norm(conv(images)).mean(dim=(2, 3))
+        assert torch.allclose(channel_means, torch.zeros_like(channel_means), atol=1e-5) == expect_zero
+
+
 def test_mismatched_lengths_are_user_errors():
     with pytest.raises(UserError, match="kernel sizes"):
         CNNEncoder(channels=[8, 8], kernel_size=[5, 3, 3])
