@@ -27,6 +27,7 @@ from torch.utils.data import Dataset
 from mmvl.data.datasets.easy_vqa import EasyVQABuilder, EasyVQADataset
 from mmvl.data.processors import prompt_answer as _prompt_answer  # noqa: F401  (registers prompt_answer)
 from mmvl.data.records import Strings, Table
+from mmvl.data.datasets.text_generation import GeneratesText
 from mmvl.errors import UserError
 from mmvl.losses import IGNORE_INDEX
 from mmvl.registry import register_dataset
@@ -87,7 +88,7 @@ class GenerativeEasyVQA(EasyVQADataset):
 
 
 @register_dataset("easy_vqa_generative")
-class EasyVQAGenerativeBuilder(EasyVQABuilder):
+class EasyVQAGenerativeBuilder(GeneratesText, EasyVQABuilder):
     """easy-VQA whose answers (or captions) are generated text (a VLM's task)."""
 
     name = "easy_vqa_generative"
@@ -136,23 +137,3 @@ class EasyVQAGenerativeBuilder(EasyVQABuilder):
     def make_dataset(self, split: str, records: Table) -> Dataset:
         records, pixels, rows = self.readable_images(split, records)
         return GenerativeEasyVQA(records, pixels, rows, self.text_processor, self.image_processor)
-
-    def collate(self, items: list[dict[str, Any]]) -> dict[str, Any]:
-        batch = super().collate(items)
-        pad = self.text_processor.tokenizer.pad_token_id
-        batch["input_ids"] = batch["input_ids"].masked_fill(batch["attention_mask"].eq(0), pad)
-        return batch
-
-    def model_info(self) -> dict[str, int]:
-        return self.text_processor.model_info()
-
-    def predictions(self, data: dict[str, Any], scores: Any) -> list[dict[str, Any]]:
-        """``[{"id", "answer", "reference"}]``: the decoded generated text (``scores`` are generated ids)
-        and the true answer or caption, so the file scores itself (:mod:`mmvl.metrics.generation`)."""
-        ids = data.get("id", [])
-        ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
-        return [{"id": i, "answer": self.text_processor.decode(row), "reference": ref}
-                for i, row, ref in zip(ids, scores.tolist(), data["answer"])]
-
-    def extra_metrics(self, split: str) -> dict[str, float]:
-        return {}

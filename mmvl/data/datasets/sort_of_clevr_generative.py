@@ -14,6 +14,7 @@ from mmvl.config.components import build_component, component_spec
 from mmvl.config.access import config_value
 from mmvl.data.datasets.sort_of_clevr import ANSWERS, SortOfClevrBuilder, SortOfClevrDataset, all_questions
 from mmvl.data.processors import prompt_answer as _prompt_answer  # noqa: F401  (registers prompt_answer)
+from mmvl.data.datasets.text_generation import GeneratesText
 from mmvl.errors import UserError
 from mmvl.losses import IGNORE_INDEX
 from mmvl.registry import PROCESSORS, register_dataset
@@ -34,7 +35,7 @@ class GenerativeItems(SortOfClevrDataset):
 
 
 @register_dataset("sort_of_clevr_generative")
-class SortOfClevrGenerativeBuilder(SortOfClevrBuilder):
+class SortOfClevrGenerativeBuilder(GeneratesText, SortOfClevrBuilder):
     """Sort-of-CLEVR whose answers are generated text (a VLM's offline task)."""
 
     config_path = "datasets/sort_of_clevr_generative.yaml"
@@ -55,27 +56,7 @@ class SortOfClevrGenerativeBuilder(SortOfClevrBuilder):
                                               defaults={"texts": lambda: all_questions() + ANSWERS})
         return self._processor
 
-    def collate(self, items: list[dict[str, Any]]) -> dict[str, Any]:
-        batch = super().collate(items)
-        pad = self.text_processor.tokenizer.pad_token_id
-        batch["input_ids"] = batch["input_ids"].masked_fill(batch["attention_mask"].eq(0), pad)
-        return batch
-
     def build(self, split: str):
         data = super().build(split)
         data.__class__ = GenerativeItems
         return data
-
-    def model_info(self) -> dict[str, int]:
-        return self.text_processor.model_info()
-
-    def predictions(self, data: dict[str, Any], scores: Any) -> list[dict[str, Any]]:
-        """``[{"id", "answer", "reference"}]``: the decoded generated text (``scores`` are generated ids)
-        and the true answer, so the file scores itself (:mod:`mmvl.metrics.generation`)."""
-        ids = data.get("id", [])
-        ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
-        return [{"id": i, "answer": self.text_processor.decode(row), "reference": ref}
-                for i, row, ref in zip(ids, scores.tolist(), data["answer"])]
-
-    def extra_metrics(self, split: str) -> dict[str, float]:
-        return {}

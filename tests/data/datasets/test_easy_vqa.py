@@ -3,20 +3,18 @@ package's layout, and the installed package's counts."""
 from __future__ import annotations
 
 import importlib.util
-import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from omegaconf import OmegaConf
-from PIL import Image
 
 import mmvl.data.datasets  # noqa: F401  (registers easy_vqa)
 from mmvl import registry
 from mmvl.data.datasets.easy_vqa import question_type
 from mmvl.errors import UserError
 from mmvl.metrics import build_metrics
+from tests.fixtures.easy_vqa_files import write_easy_vqa_root
 
 ROOT = Path(__file__).resolve().parents[3]
 TRAIN = [["is there a red shape?", "yes", 0], ["what color is the shape?", "red", 0],
@@ -27,12 +25,7 @@ TEST = [["is no red shape present?", "no", 0], ["what color is the circle?", "bl
 
 
 def write_root(root: Path) -> Path:
-    for split, questions, n in (("train", TRAIN, 3), ("test", TEST, 2)):
-        (root / split / "images").mkdir(parents=True)
-        (root / split / "questions.json").write_text(json.dumps(questions))
-        for i in range(n):
-            Image.fromarray(np.full((8, 8, 3), 40 * i, dtype=np.uint8)).save(root / split / "images" / f"{i}.png")
-    return root
+    return write_easy_vqa_root(root, {"train": (TRAIN, 3), "test": (TEST, 2)})
 
 
 def builder(data_root, **overrides):

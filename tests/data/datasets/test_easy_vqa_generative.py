@@ -1,20 +1,18 @@
 """easy_vqa_generative: easy-VQA's questions, or captions read off them, as prompt_answer samples for a VLM."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from omegaconf import OmegaConf
-from PIL import Image
 
 import mmvl.data.datasets  # noqa: F401  (registers easy_vqa_generative)
 from mmvl import registry
 from mmvl.data.datasets.easy_vqa_generative import image_captions
 from mmvl.errors import UserError
 from mmvl.losses import IGNORE_INDEX
+from tests.fixtures.easy_vqa_files import write_easy_vqa_root
 
 ROOT = Path(__file__).resolve().parents[3]
 TRAIN = [["is there a red shape?", "yes", 0], ["what color is the circle?", "red", 0],
@@ -26,12 +24,7 @@ TEST = [["is there not a circle?", "yes", 0], ["is no triangle present?", "yes",
 
 
 def write_root(root: Path) -> Path:
-    for split, questions, n in (("train", TRAIN, 4), ("test", TEST, 2)):
-        (root / split / "images").mkdir(parents=True)
-        (root / split / "questions.json").write_text(json.dumps(questions))
-        for i in range(n):
-            Image.fromarray(np.full((8, 8, 3), 40 * i, dtype=np.uint8)).save(root / split / "images" / f"{i}.png")
-    return root
+    return write_easy_vqa_root(root, {"train": (TRAIN, 4), "test": (TEST, 2)})
 
 
 def builder(root: Path, **overrides):

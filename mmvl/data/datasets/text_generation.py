@@ -1,0 +1,34 @@
+"""What a dataset builder whose targets are generated text shares: the model's vocabulary from its
+text processor, and prediction rows that carry their reference, so a predictions file scores itself
+(:mod:`mmvl.metrics.generation`) without the dataset."""
+from __future__ import annotations
+
+from typing import Any
+
+
+class GeneratesText:
+    """Mixed into a builder with a ``text_processor`` (``prompt_answer``) and samples with an ``answer``."""
+
+    text_processor: Any
+
+    def collate(self, items: list[dict[str, Any]]) -> dict[str, Any]:
+        """The base builder's batch, its padding positions holding the tokenizer's pad id."""
+        batch = super().collate(items)  # type: ignore[misc]  # the builder this is mixed into
+        pad = self.text_processor.tokenizer.pad_token_id
+        batch["input_ids"] = batch["input_ids"].masked_fill(batch["attention_mask"].eq(0), pad)
+        return batch
+
+    def model_info(self) -> dict[str, int]:
+        return self.text_processor.model_info()
+
+    def predictions(self, data: dict[str, Any], scores: Any) -> list[dict[str, Any]]:
+        """``[{"id", "answer", "reference"}]``: the decoded generated text (``scores`` are generated ids)
+        and the true answer or caption."""
+        ids = data.get("id", [])
+        ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
+        return [{"id": i, "answer": self.text_processor.decode(row), "reference": ref}
+                for i, row, ref in zip(ids, scores.tolist(), data["answer"])]
+
+    def extra_metrics(self, split: str) -> dict[str, float]:
+        """None: generated text is scored from the predictions file (BLEU-4, CIDEr, ROUGE-L)."""
+        return {}
