@@ -330,7 +330,6 @@ def _exchange(tensor: torch.Tensor, send_to: int, recv_from: int) -> torch.Tenso
     handed = inflight.before(local, received)
     for work in dist.batch_isend_irecv(ops):
         work.wait()
-    del ops
     inflight.hand(handed)
     return place(received, tensor.device)
 
