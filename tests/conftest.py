@@ -52,10 +52,21 @@ def pytest_configure(config):
     import multiprocessing.process
     import subprocess
 
+    _warm_matplotlib_font_cache()
     _wrap(subprocess.Popen, "__init__", "subprocess")
     _wrap(multiprocessing.process.BaseProcess, "start", "multiprocessing: mp.spawn, DataLoader workers")
     for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp", "system", "spawnv", "spawnve"):
         _wrap(os, name, f"os.{name}")
+
+
+def _warm_matplotlib_font_cache() -> None:
+    """Build matplotlib's font cache before the guards: on a machine without one (a fresh CI host),
+    its first import runs ``fc-list`` in a subprocess, which is matplotlib's doing, not the test's
+    that happened to import it first."""
+    try:
+        import matplotlib.font_manager  # noqa: F401
+    except ImportError:
+        pass
 
 
 def pytest_unconfigure(config):
