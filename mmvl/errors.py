@@ -5,8 +5,11 @@ with code 2; everything else is a bug and keeps its traceback.
 """
 from __future__ import annotations
 
+import contextlib
 import difflib
-from typing import Iterable
+import re
+import sys
+from typing import Iterable, Iterator
 
 
 class UserError(Exception):
@@ -34,3 +37,42 @@ def closest(name: str, candidates: Iterable[str], n: int = 3) -> list[str]:
 def did_you_mean(name: str, candidates: Iterable[str]) -> str:
     hits = closest(name, candidates)
     return f" Did you mean {', '.join(repr(h) for h in hits)}?" if hits else ""
+
+
+#: what a library raises when its input (a config value, a folder, a file) is wrong
+LIBRARY_INPUT_ERRORS: tuple[type[BaseException], ...] = (OSError, ValueError, TypeError, KeyError, AssertionError)
+
+
+def first_line(error: BaseException, limit: int = 120) -> str:
+    """What ``error`` says, as one line cut at ``limit`` characters: its first line, or where that
+    line only introduces the next (ends with ``:``, as a validator's name does), the next one (a
+    library's message can run to pages: transformers lists every model type it knows)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    while len(lines) > 1 and lines[0].endswith(":"):
+        lines = lines[1:]
+    text = lines[0].rstrip(".") if lines else type(error).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _validation_errors() -> tuple[type[BaseException], ...]:
+    """huggingface_hub's ``StrictDataclassError`` (transformers' config validation, a bare
+    ``Exception`` subclass), once that library is loaded: only a loaded library can have raised it."""
+    found = getattr(sys.modules.get("huggingface_hub.errors"), "StrictDataclassError", None)
+    return (found,) if isinstance(found, type) else ()
+
+
+@contextlib.contextmanager
+def library_input(what: str, fix: str) -> Iterator[None]:
+    """Run a library call (transformers, timm, torch) on the user's input; its input errors become a
+    :class:`UserError` that says ``what`` caused them (the key and value or folder), the library's
+    own first line, and ``fix``."""
+    try:
+        yield
+    except UserError:
+        raise
+    except Exception as e:
+        if not isinstance(e, LIBRARY_INPUT_ERRORS + _validation_errors()):
+            raise
+        said = first_line(e)
+        kind = "" if re.match(r"\w+(Error|Exception): ", said) else f"{type(e).__name__}: "
+        raise UserError(f"{what}: {kind}{said}; {fix}") from e

@@ -42,6 +42,12 @@ class DatasetBuilder:
         Called for the splits a run uses, on rank 0 first while the other ranks wait; they
         then only map the cache. The default does nothing (``build`` does all the work)."""
 
+    def check_split(self, split: str) -> None:
+        """Refuse (``UserError``) a split the run uses that this builder's config cannot give, e.g.
+        ``val`` with no images held out. Called for every split of the run before any training, so
+        a run never fails at its first evaluation; from the config alone (cheap). The default
+        accepts every split."""
+
     def build(self, split: str) -> Dataset:
         """Return the dataset for ``split`` (``train``, ``val`` or ``test``)."""
         raise NotImplementedError

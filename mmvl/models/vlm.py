@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from mmvl.errors import UserError
+from mmvl.errors import UserError, library_input
 from mmvl.losses import IGNORE_INDEX
 from mmvl.models.base import BaseModel
 from mmvl.models.modules.image_encoders import build_image_encoder
@@ -39,6 +39,8 @@ class VLM(BaseModel):
 
     def __init__(self, config: DictConfig):
         super().__init__(config)
+        self.generation = check_generation(config.generation)  # used only when decoding: checked now
+        self.shuffle = positive_int(config.get("pixel_shuffle"), "pixel_shuffle", "1 (off) or 2 (4x fewer image tokens)")
         lm_cfg = config.language_model
         self.lm = (load_causal_lm(lm_cfg.path, str(lm_cfg.attn_implementation)) if lm_cfg.get("path")
                    else self._random_lm(config))
@@ -49,11 +51,9 @@ class VLM(BaseModel):
         self.image_token_id, self.pad_token_id = int(config.image_token_id), int(config.pad_token_id)
         self.eos_token_id = int(config.eos_token_id)
         self.image_encoder = build_image_encoder(config.image_encoder)
-        self.shuffle = int(config.get("pixel_shuffle") or 1)
         hidden = int(self.lm.get_input_embeddings().embedding_dim)
         self.projector = Projector(int(self.image_encoder.out_dim) * self.shuffle ** 2, hidden,
                                    int(config.projector_layers))
-        self.generation = dict(OmegaConf.to_container(config.generation, resolve=True))
 
     @staticmethod
     def _random_lm(config: DictConfig) -> torch.nn.Module:
@@ -65,9 +65,11 @@ class VLM(BaseModel):
                             "model_type (e.g. llama) and a dataset must fill vocab_size.")
         kind = spec.pop("model_type")
         ids = {k: int(config[k]) for k in ("pad_token_id", "eos_token_id") if config.get(k) is not None}
-        lm_config = AutoConfig.for_model(kind, vocab_size=int(config.vocab_size), **ids, **spec)
-        lm_config._attn_implementation = str(config.language_model.attn_implementation)
-        return AutoModelForCausalLM.from_config(lm_config)
+        attn = str(config.language_model.attn_implementation)
+        with library_input(f"model_config.vlm.language_model.random ({kind}) does not build", "fix the setting it names."):
+            lm_config = AutoConfig.for_model(kind, vocab_size=int(config.vocab_size), **ids, **spec)
+            lm_config._attn_implementation = attn
+            return AutoModelForCausalLM.from_config(lm_config)
 
     def image_tokens(self, pixels: torch.Tensor) -> torch.Tensor:
         """Pixels -> ``B x tokens x hidden`` projected image tokens."""
@@ -123,3 +125,20 @@ class VLM(BaseModel):
     def shard_units(self) -> list[torch.nn.Module]:
         layers = getattr(getattr(self.lm, "model", None), "layers", None)
         return list(layers) if layers is not None else []
+
+
+def positive_int(value: Any, key: str, example: str) -> int:
+    """``model_config.vlm.<key>`` as an integer of at least 1 (0 is never read as "off")."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UserError(f"model_config.vlm.{key}={value!r} must be an integer of 1 or more; use {example}.")
+    return value
+
+
+def check_generation(section: Any) -> dict[str, Any]:
+    """``model_config.vlm.generation``, checked when the model is built: decoding runs only at
+    evaluation or ``mmvl_predict``, and a mistake there must not wait for a trained model."""
+    generation = dict(OmegaConf.to_container(section, resolve=True) or {})
+    examples = {"max_new_tokens": "e.g. 8 (the longest answer in tokens)", "num_beams": "1 (greedy) or e.g. 4"}
+    for key, example in examples.items():
+        positive_int(generation.get(key), f"generation.{key}", example)
+    return generation

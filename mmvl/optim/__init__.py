@@ -206,13 +206,17 @@ def build_optimizer(model: torch.nn.Module, section: schema.Optimizer, device: t
         raise UserError("optimizer.lr_scaling is set but optimizer.params.lr is missing; give a base lr.")
 
     custom = getattr(model, "get_optimizer_parameters", None)
+    layer_decay = 1.0 if section.layer_decay is None else float(section.layer_decay)
     if callable(custom):
+        if section.param_groups or layer_decay != 1.0:
+            raise UserError(f"{type(model).__name__} makes its own parameter groups (get_optimizer_parameters), so "
+                            "optimizer.param_groups and optimizer.layer_decay would be ignored; unset them.")
         groups = trainable_only(custom(config))
     else:
         no_decay = section.no_weight_decay
         groups = param_groups(model, params.get("weight_decay"), _lr_multipliers(model), section.param_groups,
                               NO_DECAY_NAMES if no_decay is None else list(no_decay),
-                              float(section.layer_decay or 1.0), params.get("lr"))
+                              layer_decay, params.get("lr"))
         if any("lr_multiplier" in g for g in groups) and "lr" not in params:
             raise UserError("per-part learning rates (the model's lr_multipliers, optimizer.param_groups or "
                             "optimizer.layer_decay) need optimizer.params.lr; give a base lr.")

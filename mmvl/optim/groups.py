@@ -91,6 +91,17 @@ def check_rules(rules: Sequence[Mapping[str, Any]] | None) -> list[dict[str, Any
     return out
 
 
+def check_every_rule_matches(rules: Sequence[Mapping[str, Any]], names: Sequence[str]) -> None:
+    """A rule that matches no parameter of the model (trainable or frozen) is almost always a typo
+    in its ``match``: refused, with the model's top-level parts as the hint."""
+    for i, rule in enumerate(rules):
+        if not any(matches(name, rule["match"]) for name in names):
+            parts = sorted({name.split(".")[0] for name in names})
+            shown = ", ".join(parts[:8]) + (", ..." if len(parts) > 8 else "")
+            raise UserError(f"optimizer.param_groups[{i}].match={rule['match']!r} matches no parameter of the model; "
+                            f"use a name prefix or glob of its parameters (top-level parts: {shown}).")
+
+
 def layer_scales(names: Sequence[str], decay: float) -> dict[str, float]:
     """Each name's layer-wise lr factor (``decay`` < 1; names outside every tower are left out)."""
     if not 0 < decay <= 1:
@@ -146,6 +157,7 @@ def param_groups(model: torch.nn.Module, weight_decay: float | None = None,
                 continue
             seen.add(id(p))
             named.append((_strip_wrappers(f"{module_name}.{name}" if module_name else name), module, name, p))
+    check_every_rule_matches(rules, [_strip_wrappers(n) for n, _ in model.named_parameters()])
     layers = layer_scales([n for n, *_ in named], float(layer_decay))
     groups: dict[tuple[bool, float, Any], list[torch.nn.Parameter]] = {}
     for full, module, name, p in named:

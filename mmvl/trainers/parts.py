@@ -134,6 +134,9 @@ def prepare_data(engine: Engine, builders: Mapping[str, Any], run: frozenset[str
     if not engine.is_main_process:
         for builder in builders.values():
             builder.prepare()
+    for builder in builders.values():  # every split the run will use, before any work on one
+        for split in sorted(run):
+            builder.check_split(split)
     for split in ["train"] if "train" in run else [s for s in ("val", "test") if s in run]:
         prepare_split(builders, split, engine.is_main_process)  # parse/map the splits used first (rank 0 caches)
 

@@ -147,14 +147,17 @@ class EasyVQABuilder(FileDatasetBuilder):
                                   "type": np.asarray(types, dtype=np.int64),
                                   "question": Strings.build(questions), "answer": Strings.build(answers)})}
 
+    def check_split(self, split: str) -> None:
+        if split == "val" and self.val_images == 0:
+            raise UserError(f"{self.name}: val_images is 0, so there is no val split; set val_images "
+                            "(e.g. 500) or use run_type train_test.")
+
     def split_questions(self, split: str) -> Table:
         """All of ``split``'s questions, uncapped (``train`` and ``val`` share the training file, split by image)."""
         table = self.tables(self._file_split(split))["records"]
         if split != "test":
             ids = np.unique(table.column("image_id"))
-            if split == "val" and self.val_images == 0:
-                raise UserError(f"{self.name}: val_images is 0, so there is no val split; set val_images "
-                                "(e.g. 500) or use run_type train_test.")
+            self.check_split(split)
             if self.val_images >= len(ids):
                 raise UserError(f"{self.name}: val_images={self.val_images} leaves no training images (the "
                                 f"training file has {len(ids)}); use fewer.")

@@ -16,7 +16,7 @@ from typing import Any, Iterable
 
 import torch
 
-from mmvl.errors import UserError
+from mmvl.errors import UserError, library_input
 from mmvl.losses import IGNORE_INDEX
 from mmvl.registry import register_processor
 from mmvl.data.processors.vocab import SPECIAL_TOKENS, VocabProcessor
@@ -53,7 +53,9 @@ class _HF:
     def __init__(self, path: str, image_token: str):
         from transformers import AutoTokenizer
 
-        self.tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        with library_input(f"prompt_answer: tokenizer_path={str(path)!r} does not load",
+                           "give a folder written by a tokenizer's save_pretrained."):
+            self.tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
         found = self.tok.convert_tokens_to_ids(image_token)
         if found is None or (found == self.tok.unk_token_id and image_token != self.tok.unk_token):
             raise UserError(f"prompt_answer: the tokenizer in {path!r} has no token {image_token!r}; add it "

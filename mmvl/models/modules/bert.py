@@ -15,7 +15,7 @@ from torch import nn
 
 from mmvl.config.access import plain_dict as plain_config  # models read their config through it
 from mmvl.data.sample import PADDED
-from mmvl.errors import UserError
+from mmvl.errors import UserError, library_input
 from mmvl.models.base import BaseModel
 
 #: model_config keys copied into ``BertConfig`` when no checkpoint is given
@@ -70,7 +70,9 @@ def build_text_bert(cfg: dict[str, Any], model: str, add_pooling_layer: bool = T
     pretrained = text.get("pretrained_path")
     if pretrained:
         folder = checkpoint_dir(pretrained, model)
-        bert_config = BertConfig.from_pretrained(str(folder))
+        with library_input(f"{model}: text_encoder.pretrained_path={str(pretrained)!r} ({str(folder)!r}) does not load",
+                           "give a folder written by a BERT model's save_pretrained, or minilm."):
+            bert_config = BertConfig.from_pretrained(str(folder))
         if cfg.get("vocab_size") not in (None, bert_config.vocab_size):
             raise UserError(f"{model}: vocab_size={cfg['vocab_size']} but checkpoint {pretrained!r} has "
                             f"{bert_config.vocab_size}; use the checkpoint's tokenizer (tokenizer_path: {pretrained}).")
@@ -82,9 +84,11 @@ def build_text_bert(cfg: dict[str, Any], model: str, add_pooling_layer: bool = T
         if cfg.get("vocab_size") is None:
             raise UserError(f"{model}: model_config.{model}.vocab_size is null and no dataset filled it in; set it "
                             "or use a dataset that provides model_info().")
-        bert_config = BertConfig(**{k: cfg[k] for k in BERT_KEYS if cfg.get(k) is not None})
+        with library_input(f"{model}: the BERT text encoder's sizes do not build", "fix the size key it names."):
+            bert_config = BertConfig(**{k: cfg[k] for k in BERT_KEYS if cfg.get(k) is not None})
     bert_config._attn_implementation = cfg.get("attn_implementation") or "sdpa"
-    bert = BertModel(bert_config, add_pooling_layer=add_pooling_layer)
+    with library_input(f"{model}: the BERT text encoder does not build", "fix the size key it names."):
+        bert = BertModel(bert_config, add_pooling_layer=add_pooling_layer)
     if pretrained:
         load_bert_weights(bert, folder, model)
         keep = text.get("num_layers")

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from mmvl.errors import UserError
+from mmvl.errors import UserError, library_input
 from mmvl.models.modules.bert import bidirectional_mask, build_text_bert, enable_bert_checkpointing
 
 
@@ -126,7 +126,10 @@ def build_text_tower(cfg: dict[str, Any], model: str) -> nn.Module:
     if kind == "transformer":
         if cfg.get("vocab_size") is None:
             raise UserError(f"{model}: model_config.{model}.vocab_size is null and no dataset filled it in; set it.")
-        return CausalTextTransformer(int(cfg["vocab_size"]), width=int(text["width"]), layers=int(text["layers"]),
-                                     heads=int(text["heads"]), context_length=int(text["context_length"]),
-                                     mlp_ratio=float(text.get("mlp_ratio", 4.0)))
+        sizes = ", ".join(f"{k} {text.get(k)}" for k in ("width", "heads", "layers", "context_length"))
+        with library_input(f"model_config.{model}.text_encoder ({sizes}) does not build",
+                           "e.g. width a multiple of heads."):
+            return CausalTextTransformer(int(cfg["vocab_size"]), width=int(text["width"]), layers=int(text["layers"]),
+                                         heads=int(text["heads"]), context_length=int(text["context_length"]),
+                                         mlp_ratio=float(text.get("mlp_ratio", 4.0)))
     raise UserError(f"{model}: text_encoder.type={kind!r}; use transformer (mmvl's own, open_clip's layout) or bert.")

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from mmvl.errors import UserError
+from mmvl.errors import UserError, library_input
 from mmvl.registry import register_image_encoder
 
 
@@ -57,7 +57,9 @@ class TimmEncoder(nn.Module):
         if not timm.is_model(model_name):
             raise UserError(f"timm image encoder: unknown model_name {model_name!r}; see timm.list_models() "
                             "(e.g. vit_tiny_patch16_224, resnet18, convnext_atto).")
-        self.model = timm.create_model(model_name, pretrained=False, num_classes=0, **dict(kwargs or {}))
+        with library_input(f"timm image encoder {model_name} does not build from its kwargs",
+                           "fix the kwarg it names (see timm's model signature)."):
+            self.model = timm.create_model(model_name, pretrained=False, num_classes=0, **dict(kwargs or {}))
         if global_pool is not None:  # after building: the layers (and a checkpoint's keys) stay the model's own
             self.model.reset_classifier(0, global_pool=global_pool)
         self.model_name = model_name

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mmvl.errors import UserError
+from mmvl.errors import UserError, library_input
 
 
 def grid_tokens(grid: torch.Tensor, shuffle: int = 1) -> torch.Tensor:
@@ -46,15 +46,18 @@ class Projector(nn.Module):
         return self.net(tokens)
 
 
-def load_causal_lm(path: Any, attn_implementation: str = "sdpa") -> nn.Module:
-    """A transformers causal LM from a local folder (``save_pretrained``'s layout); nothing downloads."""
+def load_causal_lm(path: Any, attn_implementation: str = "sdpa", key: str = "model_config.vlm.language_model") -> nn.Module:
+    """A transformers causal LM from a local folder (``save_pretrained``'s layout); nothing downloads.
+    What transformers refuses (a folder without a model, a config.json that is not JSON, an unknown
+    ``attn_implementation``) is a one-line error naming ``key`` and the folder."""
     if not path or not os.path.isdir(str(path)):
         raise UserError(f"vlm: language_model.path={path!r} is not a folder; give a local transformers causal LM "
                         "folder (config.json + weights, e.g. written by save_pretrained).")
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(str(path), attn_implementation=attn_implementation,
-                                                dtype=torch.float32, local_files_only=True)
+    with library_input(f"{key}.path={str(path)!r} does not load", "give a causal LM folder written by save_pretrained."):
+        return AutoModelForCausalLM.from_pretrained(str(path), attn_implementation=attn_implementation,
+                                                    dtype=torch.float32, local_files_only=True)
 
 
 def splice_image_tokens(embeds: torch.Tensor, input_ids: torch.Tensor, image: torch.Tensor,

@@ -35,7 +35,7 @@ class EmaCallback(Callback):
 
     @classmethod
     def wanted(cls, config: Any) -> bool:
-        return float(config.training.ema.decay or 0) > 0
+        return float(config.training.ema.decay or 0) != 0  # a negative decay is built, and refused
 
     def __init__(self, trainer: TrainerProtocol, **params: Any):
         super().__init__(trainer)
