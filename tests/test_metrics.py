@@ -7,6 +7,7 @@ import torch
 
 from mmvl.errors import UserError
 from mmvl.metrics import binary_roc_auc, build_metrics, concat_for_metrics
+from mmvl.metrics.generation import caption_scores
 from mmvl.registry import METRICS
 from tests.fixtures.metric_reference import full_matrix_metric
 
@@ -183,7 +184,8 @@ def test_streaming_equals_full_matrix_reference(batch, seed):
         assert got == expected, name  # exact, not approximate
         assert set(got) == set(m({"targets": targets, **({"grp": torch.tensor(params["groups"])}
                                                          if "groups" in params else {})}, {"scores": scores}))
-    assert covered == {n for n in METRICS.names() if not _encodes(n)}  # the others: tests/metrics/test_two_tower.py
+    # the others: tests/metrics/test_two_tower.py (encoders) and tests/metrics/test_generation.py (decoded text)
+    assert covered == {n for n in METRICS.names() if not _encodes(n) and not METRICS.get(n).generates}
 
 
 def test_streaming_state_is_per_sample_at_most():
@@ -265,6 +267,15 @@ METRIC_CASES = {
     "recall@k": ({"k": [1]}, {"targets": _T([0, 1, 2, 0, 1, 2])}, torch.eye(3)[[0, 1, 2, 0, 1, 2]],
                  torch.eye(3)[[1, 2, 0, 1, 2, 0]], 1.0, 0.0),
 }
+# metrics of generated text read output["generated"] (one text a sample) against batch["answer"]
+_CAPTIONS = ["a red circle on gray", "two blue squares", "a green triangle", "one yellow circle",
+             "a black rectangle here", "three teal dots"]
+_OTHER = ["zebra", "piano keys", "violet sky", "old boat", "cold tea", "wet sand"]
+_BY_INDEX = dict(enumerate(_CAPTIONS)), {i: [c] for i, c in enumerate(_CAPTIONS)}
+for _name in ("cider", "bleu4", "rouge_l"):
+    METRIC_CASES[_name] = ({}, {"answer": _CAPTIONS}, _CAPTIONS, _OTHER, caption_scores(*_BY_INDEX)[_name], 0.0)
+METRIC_CASES["generated_vqa_accuracy"] = ({}, {"answer": ["yes", "2", "red", "no", "circle", "the box"]},
+                                          ["yes", "two", "Red.", "no", "a circle", "box"], ["no"] * 6, 1.0, 1 / 6)
 
 
 def _encodes(name: str) -> bool:
@@ -278,14 +289,15 @@ def test_every_registered_metric(name):
     assert name in METRIC_CASES, f"metric {name!r} is registered but has no case in tests/test_metrics.py METRIC_CASES"
     params, batch, perfect, wrong, best, worst = METRIC_CASES[name]
     metric, = build_metrics([{"type": name, "params": params}])
-    good, bad = metric(batch, {"scores": perfect}), metric(batch, {"scores": wrong})
+    out = metric.output_keys[0]  # scores, or generated text
+    good, bad = metric(batch, {out: perfect}), metric(batch, {out: wrong})
     key = next(iter(good))
     assert key.startswith(name.split("@")[0]) and all(isinstance(v, float) for v in good.values())
-    assert good[key] == pytest.approx(best) and bad[key] == pytest.approx(worst)
+    assert good[key] == pytest.approx(best) and bad[key] == pytest.approx(worst, abs=1e-6)  # BLEU smooths a 0
     # streaming over two parts gives the whole-set value
     metric.reset()
     for part in (slice(0, 2), slice(2, None)):
-        metric.update({k: v[part] for k, v in batch.items()}, {"scores": perfect[part]})
+        metric.update({k: v[part] for k, v in batch.items()}, {out: perfect[part]})
     assert metric.compute() == pytest.approx(good)
     with pytest.raises(UserError, match=name):
         metric({}, {"scores": perfect})

@@ -118,6 +118,7 @@ class Training:
 class Evaluation:
     metrics: list = knob([])
     predict: bool = knob(False)
+    generate_max_samples: Optional[int] = knob(None, safe=True, positive=True)
 
 
 @dataclasses.dataclass

@@ -25,8 +25,10 @@ for a single binary logit (positive when > 0). ``targets`` are class indices
 [N] or soft / multi-hot rows [N, C] (their argmax is the label).
 
 The streaming base is :mod:`mmvl.metrics.base`; the families register themselves on import:
-:mod:`mmvl.metrics.classification`, :mod:`mmvl.metrics.retrieval` and :mod:`mmvl.metrics.two_tower`
-(zero-shot classification and image-text retrieval through a two-tower model's encoders).
+:mod:`mmvl.metrics.classification`, :mod:`mmvl.metrics.retrieval`, :mod:`mmvl.metrics.two_tower`
+(zero-shot classification and image-text retrieval through a two-tower model's encoders) and
+:mod:`mmvl.metrics.generation` (CIDEr, BLEU-4, ROUGE-L and VQA accuracy of decoded text: a metric
+with ``generates = True`` makes the evaluation decode the split with the model's ``generate``).
 """
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ from typing import Any
 
 from mmvl.config.access import plain
 from mmvl.config.components import build_component
-from mmvl.metrics import classification, retrieval, two_tower  # noqa: F401  (registration)
+from mmvl.metrics import classification, generation, retrieval, two_tower  # noqa: F401  (registration)
 from mmvl.metrics.base import KINDS, Metric, concat_for_metrics
 from mmvl.metrics.classification import binary_roc_auc
 from mmvl.registry import METRICS

@@ -32,6 +32,15 @@ class Metric:
     #: model output keys the metric reads
     output_keys: tuple[str, ...] = ("scores",)
 
+    #: True: the evaluation decodes the split with the model's ``generate`` and passes the text as
+    #: ``output["generated"]`` (:mod:`mmvl.metrics.generation`)
+    generates = False
+
+    def result_names(self) -> tuple[str, ...] | None:
+        """The names :meth:`compute` returns, where known before evaluating (``early_stop.criteria``
+        is checked against them at start); None: known only once computed."""
+        return None
+
     # -- whole set ------------------------------------------------------------------------------
     def __call__(self, batch: Mapping[str, Any], output: Mapping[str, Any]) -> dict[str, float]:
         """The metric over one whole set in this process: ``reset``, ``update``, ``compute``."""

@@ -1,7 +1,13 @@
 """Scores of generated text: caption metrics and VQA accuracy of generated answers.
 
-Both take what ``mmvl_predict`` writes for a generative model: candidates ``{id: text}`` and
-references ``{id: [texts]}``. Caption metrics (BLEU-4, CIDEr, ROUGE-L) are pycocoevalcap's own
+The functions take what ``mmvl_predict`` writes for a generative model: candidates ``{id: text}``
+and references ``{id: [texts]}``. The registered metrics ``cider``, ``bleu4``, ``rouge_l`` and
+``generated_vqa_accuracy`` score the same during evaluation: the evaluation decodes the split with
+the model's ``generate`` (their :attr:`GeneratedText.generates` asks for it) and hands them the
+decoded text as ``output["generated"]``, beside each sample's reference (``batch["answer"]``: one
+string, or a list of strings for several references). They keep one text and its references per
+sample, gathered over the ranks in dataset order, and score the whole split at the end: CIDEr's
+document frequencies are the split's, so it cannot be summed batch by batch. Caption metrics (BLEU-4, CIDEr, ROUGE-L) are pycocoevalcap's own
 scorers, which need no Java for these three (its PTB tokenizer does; here texts are lower-cased
 and split on words and punctuation instead); it is imported only when used (``pip install
 'mmvl[captions]'``). VQA accuracy applies the official answer normalisation (punctuation as
@@ -16,6 +22,8 @@ from typing import Any
 
 from mmvl.data.processors.answers import normalize_answer
 from mmvl.errors import UserError
+from mmvl.metrics.base import Metric
+from mmvl.registry import register_metric
 
 _NUMBERS = {"none": "0", "zero": "0", "one": "1", "two": "2", "three": "3", "four": "4", "five": "5",
             "six": "6", "seven": "7", "eight": "8", "nine": "9", "ten": "10"}
@@ -67,3 +75,73 @@ def _check(candidates: Mapping[Any, str], references: Mapping[Any, Sequence[str]
     if missing:
         raise UserError(f"generation metrics: {len(missing)} predictions have no reference (first id "
                         f"{missing[0]!r}); score predictions of the split the references come from.")
+
+
+class GeneratedText(Metric):
+    """Base of the metrics of generated text: per sample, the decoded text and its references."""
+
+    #: the evaluation decodes the split for this metric (``output["generated"]``: one text a sample)
+    generates = True
+    required_keys = ("answer",)
+    output_keys = ("generated",)
+
+    def result_names(self) -> tuple[str, ...]:
+        """What :meth:`compute` returns, known before any evaluation (``early_stop.criteria`` is checked against it)."""
+        return (self.name,)
+
+    def update(self, batch: Mapping[str, Any], output: Mapping[str, Any]) -> None:
+        self.check(batch, output)
+        texts = [str(t) for t in output["generated"]]
+        refs = [[str(r) for r in ref] if isinstance(ref, (list, tuple)) else [str(ref)] for ref in batch["answer"]]
+        self.add("candidates", "cat", texts)
+        self.add("references", "cat", refs)
+
+    def texts(self) -> tuple[dict[int, str], dict[int, list[str]]]:
+        """Candidates and references by dataset position."""
+        self.require_samples()
+        candidates, references = self.state("candidates", []), self.state("references", [])
+        return dict(enumerate(candidates)), dict(enumerate(references))
+
+    def check(self, batch: Mapping[str, Any], output: Mapping[str, Any]) -> int:
+        if "generated" not in output:
+            raise UserError(f"metric {self.name!r} scores generated text and the model wrote none; list it for a "
+                            "generative model (model: vlm) only.")
+        return super().check(batch, {"generated": output["generated"]})
+
+
+class CaptionScore(GeneratedText):
+    """One of :func:`caption_scores`' corpus-level scores (its ``name``), higher is better."""
+
+    def compute(self) -> dict[str, float]:
+        return {self.name: caption_scores(*self.texts())[self.name]}
+
+
+@register_metric("cider")
+class Cider(CaptionScore):
+    """CIDEr (pycocoevalcap's, on word tokens) of the decoded split against its references."""
+
+    name = "cider"
+
+
+@register_metric("bleu4")
+class Bleu4(CaptionScore):
+    """Corpus BLEU-4 (pycocoevalcap's) of the decoded split against its references."""
+
+    name = "bleu4"
+
+
+@register_metric("rouge_l")
+class RougeL(CaptionScore):
+    """ROUGE-L (pycocoevalcap's) of the decoded split against its references."""
+
+    name = "rouge_l"
+
+
+@register_metric("generated_vqa_accuracy")
+class GeneratedVQAAccuracy(GeneratedText):
+    """VQA accuracy of generated answers (:func:`vqa_accuracy`: the official normalisation)."""
+
+    name = "generated_vqa_accuracy"
+
+    def compute(self) -> dict[str, float]:
+        return {self.name: vqa_accuracy(*self.texts())}

@@ -78,6 +78,7 @@ def _evaluate_dataset(trainer: Any, name: str, builder: Any, split: str) -> dict
     for m in metrics:
         m.reset()
     encoders = _bind_two_tower(trainer, builder, metrics)
+    decoding = _Decoding(trainer, builder, total, metrics)
     active: list[Metric] | None = None  # decided on the first batch: an unlabelled split has no targets
     losses = _LossSums(engine)
     writer = None
@@ -91,6 +92,7 @@ def _evaluate_dataset(trainer: Any, name: str, builder: Any, split: str) -> dict
         for batch in loader:
             size = _batch_size(batch)
             valid = max(0, min(size, _owned(seen + size, total, env) - _owned(seen, total, env)))
+            scored = decoding.rows(seen, size, valid, env)  # of them, the rows the generation metrics score
             seen += size
             batch = engine.to_device(batch)
             if active is None:
@@ -102,15 +104,21 @@ def _evaluate_dataset(trainer: Any, name: str, builder: Any, split: str) -> dict
             batch, scores = _rows(batch, valid, size), scores[:valid]
             out = {"scores": scores}
             for m in active if valid else []:
+                if m.generates:
+                    continue
                 with engine.autocast() if m in encoders else contextlib.nullcontext():
                     m.update(batch, out)
             if forward:
                 losses.add(output.get("losses") or {}, trainer.losses if "targets" in batch else [], batch, out, valid)
+            written = writer is not None and decoding.generate is not None
+            generated = decoding.run(batch, valid if written else scored)  # a generative model's new token ids
+            if scored:
+                texts = builder.generated_text(generated[:scored])
+                for m in (m for m in active or [] if m.generates):
+                    m.update(_rows(batch, scored, valid), {"generated": texts})
             if writer is not None:
-                generate = getattr(engine.unwrap_model(trainer.model), "generate", None)
-                if generate is not None and valid:  # a generative model: rows of decoded text, not scores
-                    with engine.autocast():
-                        scores = generate(batch)
+                if written and valid:  # rows of decoded text, not scores
+                    scores = generated
                 rows = builder.predictions(batch, scores) if valid else []
                 writer.write(_in_dataset_order(engine.gather_object(rows)))
             progress.update(valid * env.world_size if env.world_size > 1 else valid)
@@ -127,12 +135,46 @@ def _evaluate_dataset(trainer: Any, name: str, builder: Any, split: str) -> dict
     for m in active or []:
         values.update({k: float(v) for k, v in m.compute().items()})
     values.update(builder.extra_metrics(split))
+    decoding.log_cap(f"{split} {name}", active or [], env.is_main_process)
     if writer is not None:
         path = writer.close()
         if env.is_main_process:
             log.info("Wrote %s predictions to %s", split, path)
     progress.log_done()
     return values
+
+
+class _Decoding:
+    """A generative model's decoding during evaluation: with the model's ``generate`` (the KV cache,
+    its ``generation`` settings, under autocast), for the rows the generation metrics score (the
+    split's first ``evaluation.generate_max_samples`` in dataset order, the same at any world size;
+    null: all) or, when predictions are written, for every row (the file holds the whole split)."""
+
+    def __init__(self, trainer: Any, builder: Any, total: int, metrics: list[Metric]):
+        self.engine = trainer.engine
+        self.generate = getattr(trainer.engine.unwrap_model(trainer.model), "generate", None)
+        self.scoring = any(m.generates for m in metrics)
+        cap = trainer.config.evaluation.get("generate_max_samples")
+        self.total, self.limit = total, total if cap is None else min(int(cap), total)
+
+    def rows(self, seen: int, size: int, valid: int, env: Any) -> int:
+        """How many of a batch's first rows the generation metrics score: this rank's samples
+        ``seen .. seen + size`` that sit in the split's first ``limit`` (a prefix of the batch)."""
+        if not self.scoring:
+            return 0
+        return max(0, min(valid, _owned(seen + size, self.limit, env) - _owned(seen, self.limit, env)))
+
+    def run(self, batch: Mapping[str, Any], n: int) -> torch.Tensor | None:
+        """New token ids (``n x max_new_tokens``) of the batch's first ``n`` rows; None for none."""
+        if not n or self.generate is None:
+            return None
+        with self.engine.autocast():
+            return self.generate(_rows(batch, n, _batch_size(batch)))
+
+    def log_cap(self, what: str, active: list[Metric], main: bool) -> None:
+        if main and self.limit < self.total and any(m.generates for m in active):
+            log.info("%s: the generation metrics scored the first %d of %d samples (evaluation.generate_max_samples)",
+                     what, self.limit, self.total)
 
 
 def _bind_two_tower(trainer: Any, builder: Any, metrics: list[Metric]) -> set[Metric]:

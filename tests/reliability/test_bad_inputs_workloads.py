@@ -83,6 +83,13 @@ ROWS = [
 for model, workload in GENERATIVE.items():  # decoding settings: used at evaluation and prediction, checked at start
     for key, value in (("max_new_tokens", 0), ("max_new_tokens", -3), ("num_beams", 0), ("num_beams", 1.5)):
         ROWS.append((workload, f"model_config.{model}.generation.{key}={value}", f"generation.{key}"))
+# generation inside evaluation: the cap, the best-checkpoint criteria, a generation metric on a classifier
+ROWS += [("vlm", f"evaluation.generate_max_samples={n}", "'evaluation.generate_max_samples' in command line must be "
+          "a positive integer or null") for n in (0, -4)]
+ROWS.append(("vlm", "training.early_stop.criteria=easy_vqa_generative/bleu4",
+             "training.early_stop.criteria='easy_vqa_generative/bleu4': the run does not compute 'bleu4'"))
+for workload in sorted(set(WORKLOADS) - set(GENERATIVE.values())):
+    ROWS.append((workload, "evaluation.metrics=[cider]", "score generated text, and model"))
 for workload in WORKLOADS:  # EMA, layer decay and parameter groups: every workload
     ROWS += [(workload, "training.ema.decay=-1", "training.ema.decay=-1.0 must be in (0, 1)"),
              (workload, "training.ema.decay=1.5", "training.ema.decay=1.5 must be in (0, 1)"),

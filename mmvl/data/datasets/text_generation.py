@@ -21,13 +21,18 @@ class GeneratesText:
     def model_info(self) -> dict[str, int]:
         return self.text_processor.model_info()
 
+    def generated_text(self, ids: Any) -> list[str]:
+        """Generated token ids (``B x new``, from the model's ``generate``) -> one text a sample, as
+        the generation metrics and the predictions file read it."""
+        return [self.text_processor.decode(row) for row in ids.tolist()]
+
     def predictions(self, data: dict[str, Any], scores: Any) -> list[dict[str, Any]]:
         """``[{"id", "answer", "reference"}]``: the decoded generated text (``scores`` are generated ids)
         and the true answer or caption."""
         ids = data.get("id", [])
         ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
-        return [{"id": i, "answer": self.text_processor.decode(row), "reference": ref}
-                for i, row, ref in zip(ids, scores.tolist(), data["answer"])]
+        return [{"id": i, "answer": text, "reference": ref}
+                for i, text, ref in zip(ids, self.generated_text(scores), data["answer"])]
 
     def extra_metrics(self, split: str) -> dict[str, float]:
         """None: generated text is scored from the predictions file (BLEU-4, CIDEr, ROUGE-L)."""
