@@ -1,7 +1,11 @@
 """``prompt_answer``: one sample of a generative VLM as token ids, with only the answer labelled.
 
 The layout is ``[bos] <image> x image_tokens  prompt  answer [eos]``; ``targets`` is -100 (ignored)
-everywhere but at the answer and its end token, so the loss counts answer tokens only. A sample
+everywhere but at the answer and its end token, so the loss counts answer tokens only. A
+conversation of several turns (:meth:`PromptAnswerProcessor.conversation`) labels each assistant
+turn the same way. Where the tokenizer's folder has a ``chat_template``, every sample (a prompt and
+its answer, or a conversation) is rendered through it instead, and its end-of-turn token is the end
+token (:mod:`mmvl.data.processors.chat`). A sample
 longer than ``max_length`` has its text cut (``on_too_long: cut_text``: the answer's tail first,
 then the prompt's) or is refused (``error``); its image tokens are never cut: a model whose
 placeholders do not match its image tokens would silently misread every later token.
@@ -16,10 +20,11 @@ from typing import Any, Iterable
 
 import torch
 
+from mmvl.data.processors.chat import ChatTemplate, check_turns, image_first
+from mmvl.data.processors.vocab import SPECIAL_TOKENS, VocabProcessor
 from mmvl.errors import UserError, library_input
 from mmvl.losses import IGNORE_INDEX
 from mmvl.registry import register_processor
-from mmvl.data.processors.vocab import SPECIAL_TOKENS, VocabProcessor
 
 #: the placeholder the model replaces by image tokens
 IMAGE_TOKEN = "<image>"
@@ -90,6 +95,7 @@ class PromptAnswerProcessor:
         if on_too_long not in POLICIES:
             raise UserError(f"prompt_answer: on_too_long={on_too_long!r}; use one of {', '.join(POLICIES)}.")
         self.image_tokens, self.max_length, self.on_too_long = int(image_tokens), int(max_length), on_too_long
+        self.image_token = image_token  # the placeholder in text
         if tokenizer_path:
             self.tokenizer: Any = _HF(str(tokenizer_path), image_token)
         elif texts is not None:
@@ -97,6 +103,9 @@ class PromptAnswerProcessor:
         else:
             raise UserError("prompt_answer: give tokenizer_path (the LM's folder) or a dataset that passes its "
                             "training texts (a word vocabulary for an LM trained from scratch).")
+        template = getattr(getattr(self.tokenizer, "tok", None), "chat_template", None)
+        self.chat = ChatTemplate(self.tokenizer.tok, f"prompt_answer: tokenizer_path={str(tokenizer_path)!r}") \
+            if template else None
         fixed = self.image_tokens + (self.tokenizer.bos_token_id is not None)
         if fixed + 1 > self.max_length:
             raise UserError(f"prompt_answer: max_length={self.max_length} leaves no room for text after "
@@ -110,15 +119,88 @@ class PromptAnswerProcessor:
         """The ids a VLM needs from its tokenizer (filled into ``model_config.vlm``'s null keys)."""
         t = self.tokenizer
         return {"vocab_size": len(t), "image_token_id": t.image_id, "pad_token_id": t.pad_token_id,
-                "eos_token_id": t.eos_token_id}
+                "eos_token_id": self.end_id}
+
+    @property
+    def end_id(self) -> int:
+        """The token that ends an answer (labelled after it; generation stops at it): the chat
+        template's end-of-turn token, else the tokenizer's eos."""
+        return self.chat.end_id if self.chat is not None else int(self.tokenizer.eos_token_id)
 
     def decode(self, ids: list[int]) -> str:
         """Generated ids -> text (stopping at the end token)."""
-        eos = self.tokenizer.eos_token_id
         ids = list(ids)
-        return self.tokenizer.decode(ids[: ids.index(eos)] if eos in ids else ids)
+        return self.tokenizer.decode(ids[: ids.index(self.end_id)] if self.end_id in ids else ids)
+
+    def conversation(self, turns: list[dict[str, str]], has_image: bool, label: str = "all",
+                     where: str = "prompt_answer") -> dict[str, torch.Tensor]:
+        """``turns`` (``{"role": "user" | "assistant", "content"}``, user first, alternating, ending with
+        the assistant; one ``<image>`` in a turn exactly when ``has_image``) as ``input_ids``,
+        ``attention_mask`` and ``targets``: every assistant turn labelled (``label: all``, training) or
+        only the last (``label: last``: what evaluation generates and scores). ``where`` names the
+        sample in errors."""
+        placeholder = self.image_token
+        check_turns(turns, has_image, placeholder, where)
+        turns = image_first(turns, placeholder)
+        last = len(turns) - 1
+        labelled = [t["role"] == "assistant" and (label == "all" or k == last) for k, t in enumerate(turns)]
+        if self.chat is not None:
+            ids, mask = self.chat.tokens(turns, labelled)
+            ids, mask = self._expand_image(ids, mask, has_image, where)
+        else:
+            ids, mask = self._plain(turns, labelled, has_image, placeholder)
+        return self._sample(ids, mask, where)
+
+    def _plain(self, turns: list[dict[str, str]], labelled: list[bool], has_image: bool,
+               placeholder: str) -> tuple[list[int], list[bool]]:
+        """``[bos] <image> x N  user  assistant [eos] ...``: the single-turn layout, turn after turn."""
+        t = self.tokenizer
+        ids = ([t.bos_token_id] if t.bos_token_id is not None else []) + [t.image_id] * (self.image_tokens * has_image)
+        mask = [False] * len(ids)
+        for turn, label in zip(turns, labelled):
+            piece = t.encode(str(turn["content"]).replace(placeholder, "").strip())
+            if turn["role"] == "assistant":
+                piece = piece + [t.eos_token_id]
+            ids += piece
+            mask += [label] * len(piece)
+        return ids, mask
+
+    def _expand_image(self, ids: list[int], mask: list[bool], has_image: bool, where: str) -> tuple[list[int], list[bool]]:
+        """The rendered placeholder -> ``image_tokens`` of them."""
+        image = self.tokenizer.image_id
+        found = [i for i, v in enumerate(ids) if v == image]
+        if len(found) != int(has_image):
+            raise UserError(f"{where}: the chat template's rendering holds {len(found)} image placeholders, "
+                            f"expected {int(has_image)}; the template must keep message text as given.")
+        if not found:
+            return ids, mask
+        at = found[0]
+        return (ids[:at] + [image] * self.image_tokens + ids[at + 1:],
+                mask[:at] + [False] * self.image_tokens + mask[at + 1:])
+
+    def _sample(self, ids: list[int], mask: list[bool], where: str) -> dict[str, torch.Tensor]:
+        """The sample's tensors, held to ``max_length`` by ``on_too_long`` (the end is cut; the image
+        tokens, which come first, never are)."""
+        if len(ids) > self.max_length:
+            if self.on_too_long == "error":
+                raise UserError(f"{where}: {len(ids)} tokens with the image tokens exceed max_length="
+                                f"{self.max_length}; raise max_length or set on_too_long: cut_text.")
+            image = self.tokenizer.image_id
+            if image in ids[self.max_length:]:
+                raise UserError(f"{where}: its image tokens end after max_length={self.max_length}; raise "
+                                "max_length (image tokens are never cut).")
+            ids, mask = ids[: self.max_length], mask[: self.max_length]
+        tensor = torch.tensor(ids, dtype=torch.long)
+        targets = torch.where(torch.tensor(mask, dtype=torch.bool), tensor, torch.full_like(tensor, IGNORE_INDEX))
+        return {"input_ids": tensor, "attention_mask": torch.ones_like(tensor), "targets": targets}
 
     def __call__(self, prompt: str, answer: str | None = None) -> dict[str, torch.Tensor]:
+        if self.chat is not None:  # the template's layout: one user turn with the image, the answer
+            user = [{"role": "user", "content": f"{self.image_token}\n{prompt}"}]
+            if answer is None:
+                ids, mask = self.chat.tokens(user, [False], generation_prompt=True)
+                return self._sample(*self._expand_image(ids, mask, True, "prompt_answer"), "prompt_answer")
+            return self.conversation(user + [{"role": "assistant", "content": answer}], True)
         t = self.tokenizer
         head = ([t.bos_token_id] if t.bos_token_id is not None else []) + [t.image_id] * self.image_tokens
         question = t.encode(prompt)
