@@ -8,6 +8,7 @@ The result is fully resolved: workers need no custom resolvers.
 from __future__ import annotations
 
 import copy
+import logging
 import os
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -23,9 +24,12 @@ from mmvl.config.opts import normalize_datasets, parse_opts
 from mmvl.config.resolvers import interpolation_problem, register_resolvers
 from mmvl.config.switch import adopt_switched_types
 from mmvl.config.validate import Provenance, apply_aliases, check_final, check_layer, is_interpolation
+from mmvl import registry
 from mmvl.errors import UserError
 
 CLI = "command line"
+
+log = logging.getLogger("mmvl")
 
 
 def config_root(root: str | os.PathLike[str] | None = None) -> Path:
@@ -67,11 +71,32 @@ def load_config(
 
     merged = copy.deepcopy(base)
     ignored: list[tuple[str, str]] = []  # MMF keys mmvl does not use, with their sources
+    user = [(source, _set_aside_unchosen(layer, model, datasets or [], source)) for source, layer in user]
     for source, layer in [*user, *cli]:
         layer = mmf.translate(layer, base, source, ignored)
         _deep_merge(merged, check_layer(layer, base, source, provenance))
     mmf.warn_unused(ignored)
     return _finish(merged, provenance, base)
+
+
+def _set_aside_unchosen(layer: dict[str, Any], model: Any, datasets: list[str], source: str) -> dict[str, Any]:
+    """A config file's ``model_config.<m>`` / ``dataset_config.<d>`` for a registered model or dataset
+    this run does not choose (a project config run with ``datasets=llava`` on the command line) is
+    set aside, with a log line: it configures what the run does not build. A name nothing
+    registers stays in, so a misspelt section is still refused; the command line is never set aside."""
+    out = dict(layer)
+    for section, chosen, known in (("model_config", [model], registry.MODELS), ("dataset_config", datasets,
+                                                                             registry.DATASETS)):
+        entries = layer.get(section)
+        if not isinstance(entries, dict):
+            continue
+        aside = [k for k in entries if k not in chosen and k in known]
+        if aside:
+            out[section] = {k: v for k, v in entries.items() if k not in aside}
+            if os.environ.get("RANK", "0") == "0":
+                log.info("%s configures %s %s, which this run does not use; those keys are set aside",
+                         source, section.split("_")[0], ", ".join(aside))
+    return out
 
 
 def import_registrations(opts: Iterable[str] = (), config_root: str | os.PathLike[str] | None = None) -> None:

@@ -170,8 +170,8 @@ def prepare_data(engine: Engine, builders: Mapping[str, Any], run: frozenset[str
     for builder in builders.values():  # every split the run will use, before any work on one
         for split in sorted(run):
             builder.check_split(split)
-    for split in ["train"] if "train" in run else [s for s in ("val", "test") if s in run]:
-        prepare_split(builders, split, engine.is_main_process)  # parse/map the splits used first (rank 0 caches)
+    for split in [s for s in ("train", "val", "test") if s in run]:  # every split the run uses, before any update,
+        prepare_split(builders, split, engine.is_main_process)  # so a bad record stops it now (rank 0 caches)
 
 
 def training_stream(config: Any, engine: Engine, builders: Mapping[str, Any], batch_size: int) -> Any:

@@ -13,6 +13,7 @@ from mmvl.build import build_datasets
 from mmvl.config import load_config
 from mmvl.data.sample import PADDED
 from mmvl.registry import DATASETS
+from tests.fixtures.llava_files import write_llava
 from tests.fixtures.vl_data import write_all
 
 from tests.docs.test_docs import DOCS
@@ -45,7 +46,16 @@ def builtin_datasets() -> list[str]:
 def data_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("data")
     write_all(root)
+    write_llava(root / "llava", train=4, val=4)
     return root
+
+
+def _llava(data_dir) -> list[str]:
+    """llava's files: LLaVA JSON (val's file serves test too), images, a tokenizer with a chat template."""
+    d = "dataset_config.llava"
+    return [f"{d}.annotations.train={data_dir}/llava/train.json", f"{d}.annotations.val={data_dir}/llava/val.json",
+            f"{d}.annotations.test={data_dir}/llava/val.json", f"{d}.image_folder={data_dir}/llava/images",
+            f"{d}.processors.text_processor.params.tokenizer_path={data_dir}/llava/tok"]
 
 
 def _features_lmdb(root, builder, splits) -> str:
@@ -63,7 +73,7 @@ def _features_lmdb(root, builder, splits) -> str:
 def _batch(name, data_dir, split, *extra):
     config = load_config(["model=visual_bert", f"datasets={name}", f"env.data_dir={data_dir}", *(_SOC if name == "sort_of_clevr" else [k.replace("sort_of_clevr.", f"{name}.") for k in _SOC]
                                                                  if name == "sort_of_clevr_generative" else []),
-                          *extra])
+                          *(_llava(data_dir) if name == "llava" else []), *extra])
     builder = build_datasets(config)[name]
     builder.prepare()
     dataset = builder.build(split)

@@ -23,6 +23,8 @@ from mmvl.optim import build_optimizer
 from mmvl_cli.run import main
 from tests.data.datasets.test_easy_vqa_generative import TEST, TRAIN
 from tests.fixtures.easy_vqa_files import write_easy_vqa_root
+from tests.fixtures.llava_files import write_llava
+from tests.fixtures.tiny_vlm import make_chat_lm
 from tests.reliability.test_bad_inputs import assert_one_line
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,6 +56,11 @@ WORKLOADS = {
         "dataset_config.image_text_shards.splits.train.shards=train-000000.tar",
         "dataset_config.image_text_shards.shuffle_buffer=4",
         "model_config.clip.text_encoder.layers=1"]),
+    "llava": Workload("projects/vlm/configs/easy_vqa_generative/stage1.yaml", [
+        "datasets=llava", "dataset_config.llava.annotations.train={files}/llava/train.json",
+        "dataset_config.llava.annotations.val={files}/llava/val.json", "dataset_config.llava.image_folder={files}/llava/images",
+        "dataset_config.llava.processors.text_processor.params.tokenizer_path={files}/llava/tok",
+        "training.early_stop.criteria=total_loss"]),
 }
 #: which workload runs each registered generative model (a model with ``generate``)
 GENERATIVE = {"vlm": "vlm"}
@@ -83,12 +90,25 @@ ROWS = [
 for model, workload in GENERATIVE.items():  # decoding settings: used at evaluation and prediction, checked at start
     for key, value in (("max_new_tokens", 0), ("max_new_tokens", -3), ("num_beams", 0), ("num_beams", 1.5)):
         ROWS.append((workload, f"model_config.{model}.generation.{key}={value}", f"generation.{key}"))
+# LLaVA conversations: each bad record of the training file, a template without assistant turns, a missing split
+_TRAIN = "dataset_config.llava.annotations.train={files}/llava/"
+ROWS += [("llava", _TRAIN + "gpt_first.json", "sample 'a': the first turn is not the user's"),
+         ("llava", _TRAIN + "two_humans.json", "sample 'b': turn 1 is the user's after the user's"),
+         ("llava", _TRAIN + "placeholder_without_image.json", "sample 'c': <image> appears, but the sample has no image"),
+         ("llava", _TRAIN + "image_without_placeholder.json", "sample 'd': it has an image and 0 <image> placeholders"),
+         ("llava", _TRAIN + "missing_image.json", "train sample 'e': image '{files}/llava/images/red/999.png' does not exist"),
+         ("llava", [_TRAIN + "long.json", "dataset_config.llava.processors.text_processor.params.on_too_long=error",
+                    "dataset_config.llava.processors.text_processor.params.max_length=48"],
+          "train sample 'f': 103 tokens with the image tokens exceed max_length=48"),
+         ("llava", "dataset_config.llava.processors.text_processor.params.tokenizer_path={files}/llava/silent_tok",
+          "chat_template renders no assistant turn"),
+         ("llava", "dataset_config.llava.annotations.val=null", "annotations.val is not set, and the run uses the val split")]
 # generation inside evaluation: the cap, the best-checkpoint criteria, a generation metric on a classifier
 ROWS += [("vlm", f"evaluation.generate_max_samples={n}", "'evaluation.generate_max_samples' in command line must be "
           "a positive integer or null") for n in (0, -4)]
 ROWS.append(("vlm", "training.early_stop.criteria=easy_vqa_generative/bleu4",
              "training.early_stop.criteria='easy_vqa_generative/bleu4': the run does not compute 'bleu4'"))
-for workload in sorted(set(WORKLOADS) - set(GENERATIVE.values())):
+for workload in sorted(set(WORKLOADS) - {"vlm", "llava"}):  # the workloads of a model that does not generate
     ROWS.append((workload, "evaluation.metrics=[cider]", "score generated text, and model"))
 for workload in WORKLOADS:  # EMA, layer decay and parameter groups: every workload
     ROWS += [(workload, "training.ema.decay=-1", "training.ema.decay=-1.0 must be in (0, 1)"),
@@ -108,6 +128,19 @@ def files(tmp_path_factory) -> Path:
 
     root = tmp_path_factory.mktemp("workloads")
     write_easy_vqa_root(root / "easy_vqa", {"train": (TRAIN, 4), "test": (TEST, 2)})
+    write_llava(root / "llava", train=8, val=4)
+    make_chat_lm(root / "llava" / "silent_tok", template="{% for m in messages %}{% if m['role'] == 'user' %}"
+                 "{{ m['content'] }}{% endif %}{% endfor %}")
+    human, gpt = (lambda v: {"from": "human", "value": v}), (lambda v: {"from": "gpt", "value": v})
+    bad = {"gpt_first": {"id": "a", "conversations": [gpt("red"), human("what color")]},
+           "two_humans": {"id": "b", "conversations": [human("what"), human("color"), gpt("red")]},
+           "placeholder_without_image": {"id": "c", "conversations": [human("<image> what color"), gpt("red")]},
+           "image_without_placeholder": {"id": "d", "image": "red/0.png", "conversations": [human("what"), gpt("red")]},
+           "missing_image": {"id": "e", "image": "red/999.png", "conversations": [human("<image> what"), gpt("red")]},
+           "long": {"id": "f", "image": "red/0.png", "conversations": [human("<image> " + "what color " * 40), gpt("red")]}}
+    for name, record in bad.items():  # each after a good record, as a file someone else wrote would have it
+        good = json.loads((root / "llava" / "train.json").read_text())[0]
+        (root / "llava" / f"{name}.json").write_text(json.dumps([good, record]))
     (root / "lm_empty").mkdir()
     (root / "lm_not_json").mkdir()
     (root / "lm_not_json" / "config.json").write_text("{not json")
@@ -142,7 +175,7 @@ def test_hostile_input_is_one_line_before_the_first_update(row, files, tmp_path,
     save = tmp_path / "save"
     code, err = _run(files, save, workload, [override] if isinstance(override, str) else list(override), capsys)
     assert code == 2, err
-    assert_one_line(err, needle, roots=(tmp_path, files))
+    assert_one_line(err, needle.replace("{files}", str(files)), roots=(tmp_path, files))
     written = sorted(str(p.relative_to(save)) for p in save.rglob("*") if p.is_file()) if save.exists() else []
     assert set(written) <= {"train.log", LOCK}, written  # nothing but the log: no update ran
 

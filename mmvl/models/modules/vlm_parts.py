@@ -62,10 +62,15 @@ def load_causal_lm(path: Any, attn_implementation: str = "sdpa", key: str = "mod
 
 def splice_image_tokens(embeds: torch.Tensor, input_ids: torch.Tensor, image: torch.Tensor,
                         token_id: int) -> torch.Tensor:
-    """``embeds`` with its rows at ``input_ids == token_id`` replaced by ``image``'s tokens, in order
-    (each sample holds exactly ``image.shape[1]`` placeholders: the processor writes them)."""
-    where = input_ids.eq(token_id).unsqueeze(-1)
-    return embeds.masked_scatter(where, image.to(embeds.dtype))
+    """``embeds`` with its rows at ``input_ids == token_id`` replaced by ``image``'s tokens: sample
+    ``b``'s k-th placeholder takes ``image[b, k]``. A sample without placeholders (text-only) takes
+    none of its image's tokens, so a batch may mix both; each sample with an image holds exactly
+    ``image.shape[1]`` placeholders (the processor writes them). No host sync: the k of every
+    position is a running count."""
+    where = input_ids.eq(token_id)
+    k = (where.cumsum(1) - 1).clamp(min=0, max=image.size(1) - 1)
+    picked = image.to(embeds.dtype).gather(1, k.unsqueeze(-1).expand(-1, -1, image.size(-1)))
+    return torch.where(where.unsqueeze(-1), picked, embeds)
 
 
 def left_align(input_ids: torch.Tensor, mask: torch.Tensor, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,92 @@
+"""llava: LLaVA's JSON conversations through a tokenizer's chat template; the shipped VLM stage
+config trains on them with ``datasets=llava``, scores val by generation, and mmvl_predict writes
+predictions under LLaVA's ids."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from mmvl import registry
+from mmvl.losses import IGNORE_INDEX
+from mmvl.models.modules.vlm_parts import splice_image_tokens
+from mmvl_cli.predict import main as predict
+from mmvl_cli.run import main as run
+from tests.fixtures.llava_files import records, write_llava
+
+ROOT = Path(__file__).resolve().parents[3]
+STAGE1 = ROOT / "projects" / "vlm" / "configs" / "easy_vqa_generative" / "stage1.yaml"
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    return write_llava(tmp_path_factory.mktemp("llava") / "data")
+
+
+def builder(files, tmp_path):
+    cfg = OmegaConf.load(ROOT / "configs" / "datasets" / "llava.yaml").dataset_config.llava
+    cfg = OmegaConf.merge(cfg, {"annotations": {"train": str(files["train"]), "val": str(files["val"])},
+                                "image_folder": str(files["images"]),
+                                "processors": {"text_processor": {"params": {"tokenizer_path": str(files["tok"])}}}})
+    b = registry.DATASETS.get("llava")(cfg, str(tmp_path))
+    b.prepare_split("train")
+    return b
+
+
+def _labelled(item, tok) -> list[str]:
+    return tok.convert_ids_to_tokens(item["targets"][item["targets"].ne(IGNORE_INDEX)].tolist())
+
+
+def test_items_label_every_assistant_turn_in_train_and_the_last_in_val(files, tmp_path):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(files["tok"]))
+    b = builder(files, tmp_path)
+    train, val = b.build("train"), b.build("val")
+    assert len(train) == 40 and len(val) == 8
+    two_turns = train[0]  # img-0: red, then "a square"
+    assert two_turns["sample_id"] == "img-0" and two_turns["answer"] == "a square"
+    assert _labelled(two_turns, tok) == ["red", "<|im_end|>", "a", "square", "<|im_end|>"]
+    image = b.text_processor.tokenizer.image_id
+    ids = two_turns["input_ids"].tolist()
+    assert ids.count(image) == 16 and tok.convert_ids_to_tokens(ids[:2]) == ["<|im_start|>", "user"]
+    assert ids[2] == image  # "what color\n<image>": the placeholder moved to the start of its turn
+    text = train[3]  # text-3: no image
+    assert image not in text["input_ids"].tolist() and torch.equal(text["image"], torch.zeros(3, 64, 64))
+    last = next(val[i] for i in range(len(val)) if val[i]["sample_id"] == "img-42")  # two turns
+    assert _labelled(last, tok) == ["a", "square", "<|im_end|>"]
+    assert b.model_info()["eos_token_id"] == tok.convert_tokens_to_ids("<|im_end|>")
+    batch = b.collate([train[0], train[3]])
+    assert batch["image"].shape == (2, 3, 64, 64) and batch["sample_id"] == ["img-0", "text-3"]
+
+
+def test_a_text_only_sample_takes_no_image_tokens_in_a_mixed_batch():
+    embeds = torch.zeros(2, 5, 3)
+    ids = torch.tensor([[1, 2, 3, 4, 5], [1, 9, 9, 4, 5]])  # sample 0 text-only; sample 1 has 2 placeholders
+    image = torch.arange(2 * 2 * 3, dtype=torch.float).reshape(2, 2, 3)
+    out = splice_image_tokens(embeds, ids, image, 9)
+    assert torch.equal(out[0], embeds[0])
+    assert torch.equal(out[1, 1:3], image[1]) and out[1, [0, 3, 4]].eq(0).all()
+
+
+def test_the_stage_config_trains_on_llava_scores_val_and_predicts(files, tmp_path):
+    keys = [f"config={STAGE1}", "datasets=llava", f"dataset_config.llava.annotations.train={files['train']}",
+            f"dataset_config.llava.annotations.val={files['val']}", f"dataset_config.llava.annotations.test={files['val']}",
+            f"dataset_config.llava.image_folder={files['images']}",
+            f"dataset_config.llava.processors.text_processor.params.tokenizer_path={files['tok']}",
+            "model_config.vlm.freeze=[image_encoder]", "training.early_stop.criteria=total_loss",
+            f"env.save_dir={tmp_path / 'save'}", f"env.data_dir={tmp_path / 'data'}", "training.progress_bar=false",
+            "training.tensorboard=false", "training.curves=false"]
+    assert run([*keys, "training.max_updates=30", "training.evaluation_interval=30", "run_type=train_val"]) == 0
+    rows = [json.loads(line) for line in (tmp_path / "save" / "metrics.jsonl").read_text().splitlines()]
+    val = [r for r in rows if r.get("split") == "val"]
+    assert val and all(k in val[-1] for k in ("cider", "generated_vqa_accuracy", "answer_tokens"))
+    assert predict([*keys, f"checkpoint.resume_file={tmp_path / 'save' / 'checkpoints' / 'last.ckpt'}"]) == 0
+    written = json.loads((tmp_path / "save" / "predictions" / "llava_test.json").read_text())
+    expected = records(8, offset=40)
+    assert [r["id"] for r in written] == [r["id"] for r in expected]
+    assert [r["reference"] for r in written] == [r["conversations"][-1]["value"] for r in expected]
+    assert all(isinstance(r["answer"], str) for r in written)
