@@ -97,6 +97,23 @@ def test_model_and_datasets_chosen_by_cli_over_user_file(root, names, tmp_path):
     assert cfg.training.log_interval == 23
 
 
+def test_a_files_section_for_an_unchosen_component_is_set_aside(root, names, tmp_path):
+    """A project file configuring d1 and m1, run with datasets=d2 model=m2 on the command line: its
+    d1/m1 sections configure nothing this run builds; a misspelt section or a command-line key for
+    an unchosen dataset is still refused."""
+    m1, m2, d1, d2 = names["m1"], names["m2"], names["d1"], names["d2"]
+    project = write(tmp_path / "p.yaml", {"model": m1, "datasets": [d1], "model_config": {m1: {"hidden": 99}},
+                                          "dataset_config": {d1: {"split": "c"}}})
+    cfg = load_config([f"config={project}", f"datasets={d2}", f"model={m2}"], config_root=root)
+    assert list(cfg.datasets) == [d2] and d1 not in cfg.dataset_config and m1 not in cfg.model_config
+    assert load_config([f"config={project}"], config_root=root).dataset_config[d1].split == "c"
+    typo = write(tmp_path / "t.yaml", {"datasets": [d1], "dataset_config": {d1 + "x": {"split": "c"}}})
+    with pytest.raises(UserError, match="Unknown config key"):
+        load_config([f"config={typo}"], config_root=root)
+    with pytest.raises(UserError, match="Unknown config key"):
+        load_config([f"config={project}", f"datasets={d2}", f"dataset_config.{d1}.split=c"], config_root=root)
+
+
 def test_class_config_path_relative_and_absolute(root, tmp_path):
     rel_name, abs_name = f"cfg_rel_{uuid.uuid4().hex[:6]}", f"cfg_abs_{uuid.uuid4().hex[:6]}"
     write(root / "elsewhere" / "r.yaml", {"model_config": {rel_name: {"x": 1}}})
