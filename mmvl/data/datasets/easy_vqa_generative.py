@@ -4,6 +4,12 @@ The same files, splits and images as ``easy_vqa`` (its builder reads them); an i
 a prompt and the text to generate, as ``prompt_answer`` tokens (only the answer is labelled):
 
 - ``task: vqa``: every question is a prompt, its answer word the text;
+- ``task: conversation``: ``train`` holds one sample per image, its questions as the user turns of
+  one conversation and their answers as the assistant turns (LLaVA's instruction data has this
+  shape; one image encoding serves every answer), in an order drawn anew each epoch;
+  ``val``/``test`` ask each question alone, as ``task: vqa`` does. A history of earlier questions
+  would give answers away (easy-VQA's questions name the shape or colour they ask about), so each
+  scored answer is read off the image;
 - ``task: caption``: one sample per image, the prompt ``caption_prompt`` and the caption
   ``the image shows a <colour> <shape>`` (each image holds one shape of one colour; six words, so
   that BLEU-4 has 4-grams to count). easy-VQA has no captions: the
@@ -35,7 +41,7 @@ from mmvl.registry import register_dataset
 #: easy-VQA's shapes and colours (its answers besides yes and no)
 SHAPES = ("circle", "rectangle", "triangle")
 COLOURS = ("red", "green", "blue", "black", "gray", "teal", "brown", "yellow")
-TASKS = ("vqa", "caption")
+TASKS = ("vqa", "caption", "conversation")
 #: ``question_type`` of a caption sample (easy-VQA's question types are 0-2)
 CAPTION_TYPE = 3
 CAPTION = "the image shows a {colour} {shape}"
@@ -87,6 +93,40 @@ class GenerativeEasyVQA(EasyVQADataset):
         return item
 
 
+class ConversationEasyVQA(GenerativeEasyVQA):
+    """``task: conversation``'s training items: one per image, its questions and answers as turns
+    (every answer labelled), their order a permutation seeded by the item and the epoch."""
+
+    def __init__(self, records: Table, pixels: Any, image_rows: np.ndarray, text_processor: Any,
+                 image_processor: Any):
+        super().__init__(records, pixels, image_rows, text_processor, image_processor)
+        order = np.lexsort((self.ids, self.image_ids))  # by image, then by question
+        images = self.image_ids[order]
+        starts = np.flatnonzero(np.r_[True, images[1:] != images[:-1]]) if len(images) else np.zeros(0, np.int64)
+        self.turns = np.split(order, starts[1:]) if len(order) else []
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def __len__(self) -> int:
+        return len(self.turns)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        rows = self.turns[index][np.random.default_rng([index, self.epoch]).permutation(len(self.turns[index]))]
+        turns = []
+        for r in rows.tolist():
+            user = self.questions[r] if turns else f"<image> {self.questions[r]}"
+            turns += [{"role": "user", "content": user}, {"role": "assistant", "content": self.answers[r]}]
+        first = int(rows[0])
+        item: dict[str, Any] = {"id": int(self.image_ids[first]), "image_id": int(self.image_ids[first])}
+        item.update(self.text_processor.conversation(turns, has_image=True, where=f"easy_vqa image {item['image_id']}"))
+        image = self.pixels[int(self.image_rows[first])]
+        item["image"] = self.image_processor(image) if self.image_processor is not None else image.float() / 255.0
+        item.update(answer=turns[-1]["content"], question_type=-1)  # several questions: no one type
+        return item
+
+
 @register_dataset("easy_vqa_generative")
 class EasyVQAGenerativeBuilder(GeneratesText, EasyVQABuilder):
     """easy-VQA whose answers (or captions) are generated text (a VLM's task)."""
@@ -107,7 +147,7 @@ class EasyVQAGenerativeBuilder(GeneratesText, EasyVQABuilder):
 
     def samples(self, split: str) -> Table:
         questions = self.split_questions(split)
-        if self.task == "vqa":
+        if self.task in ("vqa", "conversation"):  # a conversation's turns are its image's questions
             return questions
         captions = image_captions(questions.column("question").tolist(), questions.column("answer").tolist(),
                                   questions.column("image_id").tolist())
@@ -136,4 +176,6 @@ class EasyVQAGenerativeBuilder(GeneratesText, EasyVQABuilder):
 
     def make_dataset(self, split: str, records: Table) -> Dataset:
         records, pixels, rows = self.readable_images(split, records)
+        if self.task == "conversation" and split == "train":
+            return ConversationEasyVQA(records, pixels, rows, self.text_processor, self.image_processor)
         return GenerativeEasyVQA(records, pixels, rows, self.text_processor, self.image_processor)

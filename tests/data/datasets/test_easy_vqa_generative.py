@@ -87,3 +87,25 @@ def test_errors_name_the_fix(tmp_path):
         builder(root, val_images=0, processors={"text_processor": {"type": "vocab"}}).build("test")
     with pytest.raises(UserError, match="easy_vqa_generative: val_images is 0, so there is no val split"):
         builder(root, val_images=0).build("val")
+
+
+def test_conversation_trains_on_each_images_questions_and_asks_val_and_test_alone(tmp_path):
+    b = builder(write_root(tmp_path), task="conversation", val_images=1,
+                processors={"text_processor": {"params": {"max_length": 64}}})
+    train, val, test = (b.build(s) for s in ("train", "val", "test"))
+    assert len(train) == 3 and len(val) == 2 and len(test) == len(TEST)  # images 0-2; image 3's 2 questions
+    proc = b.text_processor
+    item = train[0]  # image 0: two questions, both answers labelled, each followed by the end token
+    labelled = item["targets"][item["targets"].ne(IGNORE_INDEX)].tolist()
+    assert sorted(proc.decode([t]) for t in labelled if t != proc.end_id) == ["red", "yes"]
+    assert labelled.count(proc.end_id) == 2 and item["input_ids"].eq(proc.tokenizer.image_id).sum() == 16
+    orders = set()
+    for epoch in range(6):  # the turns' order is drawn per epoch, the same for the same epoch
+        train.set_epoch(epoch)
+        orders.add(proc.decode(train[0]["input_ids"].tolist()))
+        assert proc.decode(train[0]["input_ids"].tolist()) == proc.decode(train[0]["input_ids"].tolist())
+    assert len(orders) == 2
+    # val and test: one question each, with no history (earlier questions would name the answers)
+    assert [val[i]["answer"] for i in range(2)] == ["triangle", "teal"]
+    assert val[0]["targets"].ne(IGNORE_INDEX).sum() == 2  # the answer word and its end token
+    assert b.collate([val[0], val[1]])["input_ids"].shape[0] == 2
