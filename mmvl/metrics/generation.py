@@ -139,9 +139,40 @@ class RougeL(CaptionScore):
 
 @register_metric("generated_vqa_accuracy")
 class GeneratedVQAAccuracy(GeneratedText):
-    """VQA accuracy of generated answers (:func:`vqa_accuracy`: the official normalisation)."""
+    """VQA accuracy of generated answers (:func:`vqa_accuracy`: the official normalisation). With
+    ``group_key`` (a batch field: an index into ``group_names``) also ``generated_vqa_accuracy/<group>``
+    for every group with samples, e.g. per question type."""
 
     name = "generated_vqa_accuracy"
 
+    def __init__(self, group_key: str | None = None, group_names: Sequence[str] | None = None):
+        self.group_key = group_key
+        self.group_names = [str(g) for g in group_names] if group_names is not None else None
+        self.required_keys = ("answer",) + ((group_key,) if group_key else ())
+
+    def result_names(self) -> tuple[str, ...] | None:
+        if self.group_key and self.group_names is None:
+            return None  # the groups are known only once seen
+        return (self.name, *(f"{self.name}/{g}" for g in self.group_names or []))
+
+    def update(self, batch: Mapping[str, Any], output: Mapping[str, Any]) -> None:
+        super().update(batch, output)
+        if self.group_key:
+            raw = batch[self.group_key]
+            values = raw.tolist() if hasattr(raw, "tolist") else list(raw)
+            names = self.group_names
+            groups = [str(v) if names is None or isinstance(v, str) else names[int(v)] if 0 <= int(v) < len(names)
+                      else str(v) for v in values]
+            self.add("groups", "cat", groups)
+
     def compute(self) -> dict[str, float]:
-        return {self.name: vqa_accuracy(*self.texts())}
+        candidates, references = self.texts()
+        result = {self.name: vqa_accuracy(candidates, references)}
+        if self.group_key:
+            groups = self.state("groups", [])
+            order = self.group_names if self.group_names is not None else sorted(set(groups))
+            for name in order:
+                keys = [i for i, g in enumerate(groups) if g == name]
+                if keys:
+                    result[f"{self.name}/{name}"] = vqa_accuracy({k: candidates[k] for k in keys}, references)
+        return result
