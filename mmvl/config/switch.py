@@ -5,7 +5,9 @@
 what the new type takes but nobody set comes from its signature's defaults when it is built. A
 parameter set on the command line that the new type refuses stays, so building it is the usual
 one-line error: a value the user typed is never dropped silently. Types that were not switched
-are left alone, so a misspelt parameter in a YAML still stops the run.
+are left alone, so a misspelt parameter in a YAML still stops the run. The same holds for a
+dataset's processors (``dataset_config.<name>.processors.<key>``), e.g. a ``prompt_answer`` text
+processor switched to ``vocab`` for a classifier.
 """
 from __future__ import annotations
 
@@ -28,7 +30,10 @@ def adopt_switched_types(cfg: dict[str, Any], base: dict[str, Any], provenance: 
     """Drop the params a switched component's new type refuses (unless set in ``keep_from``, the
     command line); returns the dropped dotted keys."""
     dropped: list[str] = []
-    for path, (kind, n_args) in SWITCHABLE.items():
+    processors = {f"dataset_config.{name}.processors.{key}": ("processor", 0)
+                  for name, section in (cfg.get("dataset_config") or {}).items() if isinstance(section, dict)
+                  for key in (section.get("processors") or {})}
+    for path, (kind, n_args) in {**SWITCHABLE, **processors}.items():
         node, before = lookup(cfg, path), lookup(base, path)
         if not isinstance(node, dict) or not node.get("type") or not isinstance(node.get("params"), dict):
             continue

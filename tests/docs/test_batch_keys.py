@@ -13,6 +13,7 @@ from mmvl.build import build_datasets
 from mmvl.config import load_config
 from mmvl.data.sample import PADDED
 from mmvl.registry import DATASETS
+from tests.fixtures.hf_files import write_cauldron
 from tests.fixtures.llava_files import write_llava
 from tests.fixtures.vl_data import write_all
 
@@ -47,6 +48,7 @@ def data_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("data")
     write_all(root)
     write_llava(root / "llava", train=4, val=4)
+    write_cauldron(root / "hf", train=4, test=4)
     return root
 
 
@@ -73,7 +75,10 @@ def _features_lmdb(root, builder, splits) -> str:
 def _batch(name, data_dir, split, *extra):
     config = load_config(["model=visual_bert", f"datasets={name}", f"env.data_dir={data_dir}", *(_SOC if name == "sort_of_clevr" else [k.replace("sort_of_clevr.", f"{name}.") for k in _SOC]
                                                                  if name == "sort_of_clevr_generative" else []),
-                          *(_llava(data_dir) if name == "llava" else []), *extra])
+                          *(_llava(data_dir) if name == "llava" else []),
+                          *([f"dataset_config.hf_dataset.path={data_dir}/hf/disk", "dataset_config.hf_dataset.splits.val=test",
+                             f"dataset_config.hf_dataset.processors.text_processor.params.tokenizer_path={data_dir}/llava/tok"]
+                            if name == "hf_dataset" else []), *extra])
     builder = build_datasets(config)[name]
     builder.prepare()
     dataset = builder.build(split)

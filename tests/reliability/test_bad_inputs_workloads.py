@@ -23,6 +23,7 @@ from mmvl.optim import build_optimizer
 from mmvl_cli.run import main
 from tests.data.datasets.test_easy_vqa_generative import TEST, TRAIN
 from tests.fixtures.easy_vqa_files import write_easy_vqa_root
+from tests.fixtures.hf_files import write_cauldron
 from tests.fixtures.llava_files import write_llava
 from tests.fixtures.tiny_vlm import make_chat_lm
 from tests.reliability.test_bad_inputs import assert_one_line
@@ -60,6 +61,10 @@ WORKLOADS = {
         "datasets=llava", "dataset_config.llava.annotations.train={files}/llava/train.json",
         "dataset_config.llava.annotations.val={files}/llava/val.json", "dataset_config.llava.image_folder={files}/llava/images",
         "dataset_config.llava.processors.text_processor.params.tokenizer_path={files}/llava/tok",
+        "training.early_stop.criteria=total_loss"]),
+    "hf_dataset": Workload("projects/vlm/configs/easy_vqa_generative/stage1.yaml", [
+        "datasets=hf_dataset", "dataset_config.hf_dataset.path={files}/hf/disk", "dataset_config.hf_dataset.splits.val=test",
+        "dataset_config.hf_dataset.processors.text_processor.params.tokenizer_path={files}/llava/tok",
         "training.early_stop.criteria=total_loss"]),
 }
 #: which workload runs each registered generative model (a model with ``generate``)
@@ -103,12 +108,25 @@ ROWS += [("llava", _TRAIN + "gpt_first.json", "sample 'a': the first turn is not
          ("llava", "dataset_config.llava.processors.text_processor.params.tokenizer_path={files}/llava/silent_tok",
           "chat_template renders no assistant turn"),
          ("llava", "dataset_config.llava.annotations.val=null", "annotations.val is not set, and the run uses the val split")]
+# Hugging Face datasets on disk: the folder, the globs, the columns, the images, the split names
+_HF = "dataset_config.hf_dataset."
+_PARQUET = [_HF + "path=null", _HF + "splits.val=null", _HF + "data_files.train={files}/hf/parquet/train-*.parquet"]
+ROWS += [("hf_dataset", _HF + "path={files}/hf/nothing_here", "path='{files}/hf/nothing_here' is not a folder"),
+         ("hf_dataset", _HF + "path=HuggingFaceM4/the_cauldron", "it looks like a hub name: download it first"),
+         ("hf_dataset", [*_PARQUET, _HF + "data_files.val={files}/hf/parquet/valid-*.parquet"],
+          "data_files.val='{files}/hf/parquet/valid-*.parquet' matches no file"),
+         ("hf_dataset", _HF + "columns.texts=conversation",
+          "task conversation reads column(s) texts -> 'conversation', and the dataset has images, texts"),
+         ("hf_dataset", _HF + "columns.captions=texts", "columns ['captions'] are not keys of task conversation"),
+         ("hf_dataset", [_HF + "task=vqa", "{image: texts, question: texts, answer: texts}".join(
+             [_HF + "columns=", ""])], "an image cell holds list"),
+         ("hf_dataset", _HF + "splits.val=validation", "has no split 'validation' (it has train, test)")]
 # generation inside evaluation: the cap, the best-checkpoint criteria, a generation metric on a classifier
 ROWS += [("vlm", f"evaluation.generate_max_samples={n}", "'evaluation.generate_max_samples' in command line must be "
           "a positive integer or null") for n in (0, -4)]
 ROWS.append(("vlm", "training.early_stop.criteria=easy_vqa_generative/bleu4",
              "training.early_stop.criteria='easy_vqa_generative/bleu4': the run does not compute 'bleu4'"))
-for workload in sorted(set(WORKLOADS) - {"vlm", "llava"}):  # the workloads of a model that does not generate
+for workload in sorted(set(WORKLOADS) - {"vlm", "llava", "hf_dataset"}):  # the workloads of a model that does not generate
     ROWS.append((workload, "evaluation.metrics=[cider]", "score generated text, and model"))
 for workload in WORKLOADS:  # EMA, layer decay and parameter groups: every workload
     ROWS += [(workload, "training.ema.decay=-1", "training.ema.decay=-1.0 must be in (0, 1)"),
@@ -129,6 +147,7 @@ def files(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("workloads")
     write_easy_vqa_root(root / "easy_vqa", {"train": (TRAIN, 4), "test": (TEST, 2)})
     write_llava(root / "llava", train=8, val=4)
+    write_cauldron(root / "hf", train=8, test=4)
     make_chat_lm(root / "llava" / "silent_tok", template="{% for m in messages %}{% if m['role'] == 'user' %}"
                  "{{ m['content'] }}{% endif %}{% endfor %}")
     human, gpt = (lambda v: {"from": "human", "value": v}), (lambda v: {"from": "gpt", "value": v})

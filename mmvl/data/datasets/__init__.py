@@ -5,4 +5,4 @@ from mmvl.data.datasets.sort_of_clevr import SortOfClevrBuilder, SortOfClevrData
 
 __all__ = ["SortOfClevrBuilder", "SortOfClevrDataset"]
 from mmvl.data.datasets import coco_captions, easy_vqa, hateful_memes, image_text_shards, vqa2  # noqa: F401,E402
-from mmvl.data.datasets import easy_vqa_generative, llava, sort_of_clevr_generative  # noqa: F401,E402
+from mmvl.data.datasets import easy_vqa_generative, hf_dataset, llava, sort_of_clevr_generative  # noqa: F401,E402

@@ -1,0 +1,221 @@
+"""``hf_dataset``: a Hugging Face dataset on disk (a ``save_to_disk`` folder, or parquet files) as an
+mmvl dataset; ``datasets`` and ``pyarrow`` are imported only when it is built (``pip install 'mmvl[hf]'``).
+
+A split is Arrow, memory-mapped: rows are read when a DataLoader worker asks for them, never the
+whole split into memory. Parquet files are turned into Arrow once, in mmvl's cache folder. Nothing
+downloads: a hub name where a folder is expected is refused with the way to download it.
+
+``task`` says what a row is (``columns`` maps each of the task's keys to the dataset's column,
+the task's own names by default):
+
+- ``conversation``: the_cauldron's layout, ``images`` (a list of images; none: text-only) and
+  ``texts`` (``[{user, assistant}, ...]``); the image goes before the first user message.
+  ``train`` labels every assistant turn, ``val``/``test`` the last, their reference;
+- ``vqa``: ``image``, ``question``, ``answer`` (a string, or a list of human answers);
+- ``caption``: ``image``, ``caption``, the prompt ``caption_prompt``.
+
+With the ``prompt_answer`` text processor the model generates (a VLM: the answer, the caption or
+the assistant's turns are labelled tokens); with another text processor a ``vqa`` row is a
+classification sample: the question's tokens and the index of its answer in ``answer_processor``'s
+vocabulary (a classifier such as ``concat_bert``). An image cell may be a ``datasets.Image``, raw
+bytes, or a path (under ``image_folder``).
+"""
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset
+
+from mmvl.data.datasets._common import FileDatasetBuilder, data_path
+from mmvl.data.datasets.hf_access import TASKS, arrow_row, image_cell, open_split, source_files
+from mmvl.data.datasets.text_generation import GeneratesText
+from mmvl.data.processors import answers as _answers  # noqa: F401  (registers vqa_answer)
+from mmvl.data.processors import image as _image  # noqa: F401  (registers torchvision_transforms)
+from mmvl.data.processors import prompt_answer as _prompt_answer  # noqa: F401  (registers prompt_answer)
+from mmvl.data.processors.answers import normalize_answer
+from mmvl.errors import UserError
+from mmvl.losses import IGNORE_INDEX
+from mmvl.registry import register_dataset
+
+
+def decode_cell(cell: Any, folder: Path, where: str) -> Any:
+    """An image cell (``{"bytes", "path"}``, bytes, or a path) -> an RGB PIL image."""
+    from PIL import Image
+
+    data, path = image_cell(cell)
+    try:
+        if data is not None:
+            with Image.open(io.BytesIO(data)) as img:
+                img.load()
+                return img.convert("RGB")
+        with Image.open(folder / path) as img:
+            img.load()
+            return img.convert("RGB")
+    except (OSError, ValueError) as e:
+        shown = f"path {str(folder / path)!r}" if data is None else f"{len(data)} bytes"
+        raise UserError(f"{where}: the image ({shown}) does not decode ({type(e).__name__}); check the image "
+                        "column (columns.image / columns.images) and its files.") from None
+
+
+class HFRows(Dataset):
+    """The rows of one split as mmvl items (see the module docstring for each task)."""
+
+    def __init__(self, data: Any, builder: "HFDatasetBuilder", split: str):
+        self.data, self.builder, self.split = data, builder, split
+        self.columns, self.task = builder.columns, builder.task
+        self.label = "all" if split == "train" else "last"
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        b, row = self.builder, arrow_row(self.data, index)
+        where = f"{b.name} {self.split} row {index}"
+        item: dict[str, Any] = {"id": int(index)}
+        image = self._image(row, where)
+        if self.task == "conversation":
+            turns = []
+            for k, pair in enumerate(row[self.columns["texts"]] or []):
+                user = str(pair.get("user") or "")
+                turns += [{"role": "user", "content": f"<image>\n{user}" if (k == 0 and image is not None) else user},
+                          {"role": "assistant", "content": str(pair.get("assistant") or "")}]
+            item.update(b.text_processor.conversation(turns, image is not None, self.label, where))
+            item["answer"] = turns[-1]["content"] if turns else ""
+        elif self.task == "caption":
+            item.update(b.text_processor(b.caption_prompt, str(row[self.columns["caption"]])))
+            item["answer"] = str(row[self.columns["caption"]])
+        else:
+            answers = row[self.columns["answer"]]
+            answers = [str(a) for a in answers] if isinstance(answers, (list, tuple)) else [str(answers)]
+            question = str(row[self.columns["question"]])
+            if b.generative:
+                item.update(b.text_processor(question, answers[0]))
+                item["answer"] = answers if len(answers) > 1 else answers[0]
+            else:
+                item.update(b.text_processor(question))
+                item["targets"] = b.answer_processor.index.get(normalize_answer(answers[0]), IGNORE_INDEX)
+        item["image"] = b.blank if image is None else b.image_processor(image)
+        return item
+
+    def _image(self, row: dict[str, Any], where: str) -> Any:
+        if self.task == "conversation":
+            cells = row[self.columns["images"]] or []
+            return decode_cell(cells[0], self.builder.image_folder, where) if cells else None
+        return decode_cell(row[self.columns["image"]], self.builder.image_folder, where)
+
+
+@register_dataset("hf_dataset")
+class HFDatasetBuilder(GeneratesText, FileDatasetBuilder):
+    """A Hugging Face dataset on disk; generative (``prompt_answer``) or a classifier's ``vqa``."""
+
+    name = "hf_dataset"
+    config_path = "datasets/hf_dataset.yaml"
+    pad_values = {"targets": IGNORE_INDEX}
+
+    def __init__(self, config: Any, data_dir: str):
+        super().__init__(config, data_dir)
+        self.task = str(self.cfg.get("task") or "")
+        if self.task not in TASKS:
+            raise UserError(f"{self.name}: task={self.task!r}; use one of {', '.join(TASKS)}.")
+        mapped = dict(self.cfg.get("columns") or {})
+        unknown = sorted(set(mapped) - set(TASKS[self.task]))
+        if unknown:
+            raise UserError(f"{self.name}: columns {unknown} are not keys of task {self.task}; map its keys "
+                            f"({', '.join(TASKS[self.task])}) to the dataset's columns.")
+        self.columns = {**{k: k for k in TASKS[self.task]}, **{k: str(v) for k, v in mapped.items()}}
+        self.caption_prompt = str(self.cfg.get("caption_prompt") or "describe the image")
+        kind = ((self.cfg.get("processors") or {}).get("text_processor") or {}).get("type")
+        self.generative = kind == "prompt_answer"
+        if not self.generative and self.task != "vqa":
+            raise UserError(f"{self.name}: task {self.task} writes text: its text_processor must be prompt_answer "
+                            f"(got {kind!r}).")
+        self._data: dict[str, Any] = {}
+        self._blank: torch.Tensor | None = None
+
+    # -- the dataset's files ------------------------------------------------------------------
+    def split_data(self, split: str) -> Any:
+        """The split's ``datasets.Dataset`` (memory-mapped Arrow)."""
+        if split not in self._data:
+            cache = data_path(self.data_dir, None, self.cache_dir or Path(self.data_dir) / ".mmvl_cache") / "hf_dataset"
+            self._data[split] = open_split(self.cfg, split, self.data_dir, str(cache), self.columns, self.task)
+        return self._data[split]
+
+    def check_split(self, split: str) -> None:
+        source_files(self.cfg, split, self.data_dir)  # a split with no source: refused before any work
+
+    def source_files(self, split: str) -> list[Path]:
+        return source_files(self.cfg, split, self.data_dir)
+
+    @property
+    def image_folder(self) -> Path:
+        folder = self.cfg.get("image_folder")
+        return data_path(self.data_dir, None, folder) if folder else Path(self.data_dir)
+
+    def records(self, split: str) -> Any:
+        return self.split_data(split)
+
+    def train_texts(self) -> list[str]:
+        data, c = self.split_data("train").with_format("arrow"), self.columns
+        data = {key: data[c[key]].to_pylist() for key in TASKS[self.task] if key not in ("image", "images")}
+        if self.task == "conversation":
+            return [str(p.get(k) or "") for texts in data["texts"] for p in texts or [] for k in ("user", "assistant")]
+        if self.task == "caption":
+            return [self.caption_prompt, *map(str, data["caption"])]
+        answers = [a for cell in data["answer"] for a in (cell if isinstance(cell, list) else [cell])]
+        return [*map(str, data["question"]), *map(str, answers)]
+
+    def prepare_split(self, split: str) -> None:
+        """Open the split, build the processors, and read its first row whole (an image column
+        that does not decode is refused before any update)."""
+        data = self.split_data(split)
+        self.text_processor  # noqa: B018
+        if not self.generative:
+            self.answer_processor  # noqa: B018
+        if len(data):
+            self.build(split)[0]
+
+    @property
+    def answer_processor(self) -> Any:
+        proc = self.processor("answer_processor", answers=lambda: [
+            [str(a) for a in (cell if isinstance(cell, list) else [cell])]
+            for cell in self.split_data("train").with_format("arrow")[self.columns["answer"]].to_pylist()])
+        if proc is None:
+            raise UserError(f"{self.name}: a classifier's vqa needs processors.answer_processor ({{type: vqa_answer}}).")
+        return proc
+
+    @property
+    def blank(self) -> torch.Tensor:
+        """The pixels of a text-only sample (zeros of the image processor's output size)."""
+        if self._blank is None:
+            from PIL import Image
+
+            size = int(self.cfg.get("image_size") or 64)
+            self._blank = torch.zeros_like(self.image_processor(Image.new("RGB", (size, size))))
+        return self._blank
+
+    def make_dataset(self, split: str, records: Any) -> Dataset:
+        return HFRows(records, self, split)
+
+    # -- what the model and the metrics read ---------------------------------------------------
+    def collate(self, items: list[dict[str, Any]]) -> dict[str, Any]:
+        return GeneratesText.collate(self, items) if self.generative else FileDatasetBuilder.collate(self, items)
+
+    def model_info(self) -> dict[str, int]:
+        if self.generative:
+            return self.text_processor.model_info()
+        return {"vocab_size": int(self.text_processor.vocab_size), "num_labels": self.answer_processor.num_answers}
+
+    def generated_text(self, ids: Any) -> list[str]:
+        if not self.generative:
+            raise UserError(f"{self.name}: generated text needs the prompt_answer text processor.")
+        return GeneratesText.generated_text(self, ids)
+
+    def predictions(self, data: dict[str, Any], scores: Any) -> list[dict[str, Any]]:
+        if self.generative:
+            return GeneratesText.predictions(self, data, scores)
+        ids = data["id"].tolist() if hasattr(data["id"], "tolist") else list(data["id"])
+        best = torch.as_tensor(scores).argmax(-1).tolist()
+        return [{"id": int(i), "answer": self.answer_processor.answer(a)} for i, a in zip(ids, best)]
