@@ -43,6 +43,20 @@ def test_switching_the_scheduler_keeps_what_it_takes():
     assert build_scheduler(optimizer, scheduler_section(config), max_updates=100) is not None
 
 
+def test_switching_a_dataset_processor_drops_what_the_new_type_refuses(caplog):
+    """easy_vqa_generative's prompt_answer text processor switched to vocab (a classifier's tokens)."""
+    key = "dataset_config.easy_vqa_generative.processors.text_processor"
+    with caplog.at_level(logging.INFO, logger="mmvl"):
+        config = load_config(["model=concat_bert", "datasets=easy_vqa_generative",
+                              f"{key}={{type: vocab, params: {{max_seq_length: 16}}}}"])
+    params = dict(config.dataset_config.easy_vqa_generative.processors.text_processor.params)
+    assert {k: v for k, v in params.items() if v is not None} == {"max_seq_length": 16}  # a null is never passed
+    assert f"{key}.type=vocab does not take image_tokens" in caplog.text
+    typed = load_config(["model=concat_bert", "datasets=easy_vqa_generative", f"{key}.type=vocab",
+                         f"{key}.params.image_tokens=4"])  # typed on the command line: kept, and refused when built
+    assert typed.dataset_config.easy_vqa_generative.processors.text_processor.params.image_tokens == 4
+
+
 def test_training_with_a_switched_optimizer(tmp_path):
     register()
     results = run(load_config(toy_opts(tmp_path, "optimizer.type=sgd", "training.max_updates=4",
