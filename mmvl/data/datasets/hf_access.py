@@ -14,7 +14,11 @@ from mmvl.data.datasets._common import data_path
 from mmvl.errors import UserError, library_input
 
 #: each task's keys (the default column names; ``columns`` maps them to the dataset's)
-TASKS = {"conversation": ("images", "texts"), "vqa": ("image", "question", "answer"), "caption": ("image", "caption")}
+TASKS = {"conversation": ("images", "texts"), "vqa": ("image", "question", "answer"), "caption": ("image", "caption"),
+         "classification": ("image", "text", "label"), "contrastive": ("image", "caption")}
+#: the tasks whose text is generated (the prompt_answer text processor) and those a classifier or a
+#: two-tower model reads (any other text processor); vqa is either
+GENERATED, READ = ("conversation", "caption"), ("classification", "contrastive")
 #: the split names tried for mmvl's split when ``splits.<split>`` is null
 DEFAULT_NAMES = {"train": ("train",), "val": ("validation", "val", "valid"), "test": ("test",)}
 _HUB_NAME = re.compile(r"^[\w.-]+/[\w.-]+$")

@@ -12,7 +12,9 @@ the task's own names by default):
   ``texts`` (``[{user, assistant}, ...]``); the image goes before the first user message.
   ``train`` labels every assistant turn, ``val``/``test`` the last, their reference;
 - ``vqa``: ``image``, ``question``, ``answer`` (a string, or a list of human answers);
-- ``caption``: ``image``, ``caption``, the prompt ``caption_prompt``.
+- ``caption``: ``image``, ``caption``, the prompt ``caption_prompt``;
+- ``classification``: ``image``, ``text``, ``label`` (a class index: ``targets``), for a classifier;
+- ``contrastive``: ``image``, ``caption`` (its tokens), for a two-tower model (``clip``).
 
 With the ``prompt_answer`` text processor the model generates (a VLM: the answer, the caption or
 the assistant's turns are labelled tokens); with another text processor a ``vqa`` row is a
@@ -30,7 +32,7 @@ import torch
 from torch.utils.data import Dataset
 
 from mmvl.data.datasets._common import FileDatasetBuilder, data_path
-from mmvl.data.datasets.hf_access import TASKS, arrow_row, image_cell, open_split, source_files
+from mmvl.data.datasets.hf_access import GENERATED, READ, TASKS, arrow_row, image_cell, open_split, source_files
 from mmvl.data.datasets.text_generation import GeneratesText
 from mmvl.data.processors import answers as _answers  # noqa: F401  (registers vqa_answer)
 from mmvl.data.processors import image as _image  # noqa: F401  (registers torchvision_transforms)
@@ -87,6 +89,11 @@ class HFRows(Dataset):
         elif self.task == "caption":
             item.update(b.text_processor(b.caption_prompt, str(row[self.columns["caption"]])))
             item["answer"] = str(row[self.columns["caption"]])
+        elif self.task == "contrastive":
+            item.update(b.text_processor(str(row[self.columns["caption"]])))
+        elif self.task == "classification":
+            item.update(b.text_processor(str(row[self.columns["text"]])))
+            item["targets"] = int(row[self.columns["label"]])
         else:
             answers = row[self.columns["answer"]]
             answers = [str(a) for a in answers] if isinstance(answers, (list, tuple)) else [str(answers)]
@@ -129,9 +136,12 @@ class HFDatasetBuilder(GeneratesText, FileDatasetBuilder):
         self.caption_prompt = str(self.cfg.get("caption_prompt") or "describe the image")
         kind = ((self.cfg.get("processors") or {}).get("text_processor") or {}).get("type")
         self.generative = kind == "prompt_answer"
-        if not self.generative and self.task != "vqa":
+        if not self.generative and self.task in GENERATED:
             raise UserError(f"{self.name}: task {self.task} writes text: its text_processor must be prompt_answer "
                             f"(got {kind!r}).")
+        if self.generative and self.task in READ:
+            raise UserError(f"{self.name}: task {self.task} is read, not written: use a text processor such as "
+                            f"{{type: vocab}} or {{type: bert_tokenizer}}, not prompt_answer.")
         self._data: dict[str, Any] = {}
         self._blank: torch.Tensor | None = None
 
@@ -162,8 +172,10 @@ class HFDatasetBuilder(GeneratesText, FileDatasetBuilder):
         data = {key: data[c[key]].to_pylist() for key in TASKS[self.task] if key not in ("image", "images")}
         if self.task == "conversation":
             return [str(p.get(k) or "") for texts in data["texts"] for p in texts or [] for k in ("user", "assistant")]
-        if self.task == "caption":
+        if self.task in ("caption", "contrastive"):
             return [self.caption_prompt, *map(str, data["caption"])]
+        if self.task == "classification":
+            return [str(t) for t in data["text"]]
         answers = [a for cell in data["answer"] for a in (cell if isinstance(cell, list) else [cell])]
         return [*map(str, data["question"]), *map(str, answers)]
 
@@ -172,7 +184,7 @@ class HFDatasetBuilder(GeneratesText, FileDatasetBuilder):
         that does not decode is refused before any update)."""
         data = self.split_data(split)
         self.text_processor  # noqa: B018
-        if not self.generative:
+        if self.task == "vqa" and not self.generative:
             self.answer_processor  # noqa: B018
         if len(data):
             self.build(split)[0]
@@ -206,7 +218,25 @@ class HFDatasetBuilder(GeneratesText, FileDatasetBuilder):
     def model_info(self) -> dict[str, int]:
         if self.generative:
             return self.text_processor.model_info()
-        return {"vocab_size": int(self.text_processor.vocab_size), "num_labels": self.answer_processor.num_answers}
+        info = {"vocab_size": int(self.text_processor.vocab_size)}
+        if self.task == "vqa":
+            info["num_labels"] = self.answer_processor.num_answers
+        elif self.task == "classification":
+            info["num_labels"] = self.num_labels()
+        return info
+
+    def num_labels(self) -> int:
+        """The label column's classes: its ``ClassLabel`` names, else the largest training label + 1."""
+        data = self.split_data("train")
+        feature = data.features[self.columns["label"]]
+        names = getattr(feature, "names", None)
+        if names:
+            return len(names)
+        labels = data.with_format("arrow")[self.columns["label"]].to_pylist()
+        if not labels or any(not isinstance(v, int) or isinstance(v, bool) or v < 0 for v in labels):
+            raise UserError(f"{self.name}: the label column {self.columns['label']!r} must hold class indices "
+                            "(integers from 0), as a ClassLabel or an int column.")
+        return max(labels) + 1
 
     def generated_text(self, ids: Any) -> list[str]:
         if not self.generative:
@@ -218,4 +248,6 @@ class HFDatasetBuilder(GeneratesText, FileDatasetBuilder):
             return GeneratesText.predictions(self, data, scores)
         ids = data["id"].tolist() if hasattr(data["id"], "tolist") else list(data["id"])
         best = torch.as_tensor(scores).argmax(-1).tolist()
-        return [{"id": int(i), "answer": self.answer_processor.answer(a)} for i, a in zip(ids, best)]
+        if self.task == "vqa":
+            return [{"id": int(i), "answer": self.answer_processor.answer(a)} for i, a in zip(ids, best)]
+        return [{"id": int(i), "label": int(a)} for i, a in zip(ids, best)]

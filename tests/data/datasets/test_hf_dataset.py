@@ -13,13 +13,14 @@ from mmvl.config import load_config
 from mmvl.io import safe_load
 from mmvl.trainers import Trainer
 from mmvl_cli.run import main as run
-from tests.fixtures.hf_files import write_cauldron, write_vqa_parquet
+from tests.fixtures.hf_files import write_cauldron, write_pairs_parquet, write_vqa_parquet
 from tests.fixtures.tiny_vlm import make_chat_lm
 from tests.fixtures.toy import register
 
 ROOT = Path(__file__).resolve().parents[3]
 STAGE1 = ROOT / "projects" / "vlm" / "configs" / "easy_vqa_generative" / "stage1.yaml"
 CONCAT_BERT = ROOT / "projects" / "concat_bert" / "configs" / "easy_vqa" / "defaults.yaml"
+CLIP = ROOT / "projects" / "clip" / "configs" / "image_text_shards" / "tiny.yaml"
 H = "dataset_config.hf_dataset."
 QUIET = ["training.progress_bar=false", "training.tensorboard=false", "training.curves=false"]
 
@@ -27,7 +28,8 @@ QUIET = ["training.progress_bar=false", "training.tensorboard=false", "training.
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     root = tmp_path_factory.mktemp("hf")
-    return {**write_cauldron(root), "vqa": write_vqa_parquet(root), "tok": make_chat_lm(root / "tok")}
+    return {**write_cauldron(root), "vqa": write_vqa_parquet(root), "pairs": write_pairs_parquet(root),
+            "tok": make_chat_lm(root / "tok")}
 
 
 def _vlm(files, save: Path, source: str) -> list[str]:
@@ -76,6 +78,38 @@ def test_a_vqa_parquet_trains_a_classifier(files, tmp_path):
     losses = [r["total_loss"] for r in rows if r.get("split") == "train"]
     assert losses[-1] < losses[0]  # it learns
     assert [r for r in rows if r.get("split") == "test" and "accuracy" in r]
+
+
+def _parquet(folder: Path, *splits: str) -> list[str]:
+    return [H + f"data_files.{s}={folder}/{'train' if s == 'train' else 'test'}.parquet" for s in splits]
+
+
+def test_a_classification_parquet_trains_a_classifier_on_its_class_labels(files, tmp_path):
+    opts = [f"config={CONCAT_BERT}", "datasets=hf_dataset", H + "task=classification",
+            *_parquet(files["pairs"], "train", "val", "test"),
+            H + "processors.text_processor={type: vocab, params: {max_seq_length: 8}}", H + "metrics=[accuracy]",
+            "training.early_stop.criteria=hf_dataset/accuracy", "training.max_updates=40", "training.batch_size=16",
+            "training.evaluation_interval=40", "training.num_workers=0", "evaluation.predict=true",
+            f"env.save_dir={tmp_path / 'save'}", f"env.data_dir={tmp_path / 'data'}", *QUIET]
+    assert run(opts) == 0
+    test = [json.loads(line) for line in (tmp_path / "save" / "metrics.jsonl").read_text().splitlines()
+            if '"test"' in line][-1]
+    assert test["accuracy"] > 0.9  # the colour is the whole image: learnt in 40 updates
+    rows = json.loads((tmp_path / "save" / "predictions" / "hf_dataset_test.json").read_text())
+    assert [r["id"] for r in rows] == list(range(12)) and {r["label"] for r in rows} <= {0, 1, 2}
+
+
+def test_a_contrastive_parquet_trains_clip(files, tmp_path):
+    opts = [f"config={CLIP}", "datasets=hf_dataset", H + "task=contrastive", *_parquet(files["pairs"], "train", "val"),
+            H + "processors.text_processor={type: bert_tokenizer, params: {tokenizer_path: minilm, max_seq_length: 16}}",
+            H + "image_size=32", H + "metrics=[{type: retrieval, params: {k: [1]}}]", "training.early_stop.criteria=null",
+            "training.max_updates=4",
+            "training.batch_size=8", "training.evaluation_interval=4", "model_config.clip.text_encoder.layers=1",
+            f"env.save_dir={tmp_path / 'save'}", f"env.data_dir={tmp_path / 'data'}", *QUIET]
+    assert run(opts) == 0
+    val = [json.loads(line) for line in (tmp_path / "save" / "metrics.jsonl").read_text().splitlines()
+           if '"val"' in line]
+    assert val and "mean_recall" in val[-1]  # image-text retrieval over val's pairs
 
 
 def _weights(path: Path) -> dict[str, torch.Tensor]:
