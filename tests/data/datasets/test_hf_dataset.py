@@ -129,3 +129,24 @@ def test_killed_mid_epoch_and_resumed_ends_where_the_uninterrupted_run_ends(file
     full, resumed = _weights(tmp_path / "full" / "checkpoints" / "last.ckpt"), _weights(
         tmp_path / "part" / "checkpoints" / "last.ckpt")
     assert full.keys() == resumed.keys() and all(torch.equal(full[k], resumed[k]) for k in full)
+
+
+@pytest.mark.proc
+@pytest.mark.slow  # three real runs with DataLoader workers (~30 s)
+def test_sigkilled_mid_epoch_with_workers_resumes_bitwise(files, tmp_path):
+    """SIGKILL during update 4 of 5 in the first epoch, 2 DataLoader workers reading their own rows of
+    the memory-mapped split; the restart (resume=auto) ends at 8 where the uninterrupted run ends."""
+    from tests.fixtures.faults import run_faulty
+
+    common = ["training.batch_size=8", "training.max_updates=8", "training.checkpoint_interval=1", "run_type=train",
+              "checkpoint.max_to_keep=2", "training.num_workers=2", "checkpoint.resume=auto"]
+    assert run_faulty([*_vlm(files, tmp_path / "full", "disk"), *common], timeout=300).returncode == 0
+    part = [*_vlm(files, tmp_path / "part", "disk"), *common]
+    killed = run_faulty(part, [{"update": 4, "action": "sigkill", "when": "after"}], timeout=300)
+    assert killed.returncode < 0, killed.stderr
+    assert safe_load(str(tmp_path / "part" / "checkpoints" / "last.ckpt"))["trainer"]["update"] == 3
+    resumed = run_faulty(part, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    full, again = _weights(tmp_path / "full" / "checkpoints" / "last.ckpt"), _weights(
+        tmp_path / "part" / "checkpoints" / "last.ckpt")
+    assert full.keys() == again.keys() and all(torch.equal(full[k], again[k]) for k in full)
