@@ -162,14 +162,6 @@ class EasyVQAGenerativeBuilder(GeneratesText, EasyVQABuilder):
         return (train.column("question").tolist() + train.column("answer").tolist()
                 + [self.caption_prompt, CAPTION.format(colour=" ".join(COLOURS), shape=" ".join(SHAPES))])
 
-    @property
-    def text_processor(self) -> Any:
-        kind = ((self.cfg.get("processors") or {}).get("text_processor") or {}).get("type")
-        if kind != "prompt_answer":
-            raise UserError(f"dataset_config.{self.name}.processors.text_processor.type={kind!r}; "
-                            f"{self.name} needs prompt_answer.")
-        return super().text_processor
-
     def prepare_split(self, split: str) -> None:
         self.records(split)
         self.text_processor  # noqa: B018  (the word vocabulary, when there is no tokenizer_path)

@@ -121,6 +121,8 @@ class HFDatasetBuilder(GeneratesText, FileDatasetBuilder):
     name = "hf_dataset"
     config_path = "datasets/hf_dataset.yaml"
     pad_values = {"targets": IGNORE_INDEX}
+    #: any text processor: prompt_answer for a generative model, another for a classifier or clip
+    text_processor = FileDatasetBuilder.text_processor
 
     def __init__(self, config: Any, data_dir: str):
         super().__init__(config, data_dir)

@@ -154,14 +154,6 @@ class LlavaBuilder(GeneratesText, FileDatasetBuilder):
                 processor.conversation(turns, bool(records.column("image")[row]), dataset.label,
                                        f"{self.name} {split} sample {records.column('sample_id')[row]!r}")
 
-    @property
-    def text_processor(self) -> Any:
-        kind = ((self.cfg.get("processors") or {}).get("text_processor") or {}).get("type")
-        if kind != "prompt_answer":
-            raise UserError(f"dataset_config.{self.name}.processors.text_processor.type={kind!r}; "
-                            f"{self.name} needs prompt_answer.")
-        return super().text_processor
-
     def make_dataset(self, split: str, records: Table) -> Dataset:
         size = int(self.cfg.get("image_size") or 64)
         from PIL import Image

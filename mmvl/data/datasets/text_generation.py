@@ -5,11 +5,20 @@ from __future__ import annotations
 
 from typing import Any
 
+from mmvl.errors import UserError
+
 
 class GeneratesText:
     """Mixed into a builder with a ``text_processor`` (``prompt_answer``) and samples with an ``answer``."""
 
-    text_processor: Any
+    @property
+    def text_processor(self) -> Any:
+        """The builder's ``prompt_answer`` processor (no other writes labelled answer tokens)."""
+        kind = ((self.cfg.get("processors") or {}).get("text_processor") or {}).get("type")  # type: ignore[attr-defined]
+        if kind != "prompt_answer":
+            name = self.name  # type: ignore[attr-defined]
+            raise UserError(f"dataset_config.{name}.processors.text_processor.type={kind!r}; {name} needs prompt_answer.")
+        return super().text_processor  # type: ignore[misc]  # the builder's processor cache
 
     def collate(self, items: list[dict[str, Any]]) -> dict[str, Any]:
         """The base builder's batch, its padding positions holding the tokenizer's pad id."""
