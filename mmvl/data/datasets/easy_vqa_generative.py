@@ -98,8 +98,9 @@ class ConversationEasyVQA(GenerativeEasyVQA):
     (every answer labelled), their order a permutation seeded by the item and the epoch."""
 
     def __init__(self, records: Table, pixels: Any, image_rows: np.ndarray, text_processor: Any,
-                 image_processor: Any):
+                 image_processor: Any, sampled: bool = False):
         super().__init__(records, pixels, image_rows, text_processor, image_processor)
+        self.sampled = sampled  # each epoch, the first k of the permuted turns, k drawn from 1..all
         order = np.lexsort((self.ids, self.image_ids))  # by image, then by question
         images = self.image_ids[order]
         starts = np.flatnonzero(np.r_[True, images[1:] != images[:-1]]) if len(images) else np.zeros(0, np.int64)
@@ -113,7 +114,10 @@ class ConversationEasyVQA(GenerativeEasyVQA):
         return len(self.turns)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
-        rows = self.turns[index][np.random.default_rng([index, self.epoch]).permutation(len(self.turns[index]))]
+        rng = np.random.default_rng([index, self.epoch])
+        rows = self.turns[index][rng.permutation(len(self.turns[index]))]
+        if self.sampled:
+            rows = rows[: int(rng.integers(1, len(rows) + 1))]
         turns = []
         for r in rows.tolist():
             user = self.questions[r] if turns else f"<image> {self.questions[r]}"
@@ -140,6 +144,9 @@ class EasyVQAGenerativeBuilder(GeneratesText, EasyVQABuilder):
         self.task = str(self.cfg.get("task", "vqa"))
         if self.task not in TASKS:
             raise UserError(f"{self.name}: task={self.task!r}; use one of {', '.join(TASKS)}.")
+        self.conversation_turns = str(self.cfg.get("conversation_turns") or "all")
+        if self.conversation_turns not in ("all", "sampled"):
+            raise UserError(f"{self.name}: conversation_turns={self.conversation_turns!r}; use all or sampled.")
         self.caption_prompt = str(self.cfg.get("caption_prompt") or "")
         if self.task == "caption" and not self.caption_prompt.strip():
             raise UserError(f"{self.name}: caption_prompt is empty; give the prompt a caption follows "
@@ -169,5 +176,6 @@ class EasyVQAGenerativeBuilder(GeneratesText, EasyVQABuilder):
     def make_dataset(self, split: str, records: Table) -> Dataset:
         records, pixels, rows = self.readable_images(split, records)
         if self.task == "conversation" and split == "train":
-            return ConversationEasyVQA(records, pixels, rows, self.text_processor, self.image_processor)
+            return ConversationEasyVQA(records, pixels, rows, self.text_processor, self.image_processor,
+                                       sampled=self.conversation_turns == "sampled")
         return GenerativeEasyVQA(records, pixels, rows, self.text_processor, self.image_processor)

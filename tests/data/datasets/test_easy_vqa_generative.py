@@ -109,3 +109,16 @@ def test_conversation_trains_on_each_images_questions_and_asks_val_and_test_alon
     assert [val[i]["answer"] for i in range(2)] == ["triangle", "teal"]
     assert val[0]["targets"].ne(IGNORE_INDEX).sum() == 2  # the answer word and its end token
     assert b.collate([val[0], val[1]])["input_ids"].shape[0] == 2
+
+
+def test_sampled_conversation_turns_draw_how_many_questions_each_epoch(tmp_path):
+    b = builder(write_root(tmp_path), task="conversation", val_images=1, conversation_turns="sampled",
+                processors={"text_processor": {"params": {"max_length": 64}}})
+    train, proc = b.build("train"), b.text_processor
+    counts = set()
+    for epoch in range(12):
+        train.set_epoch(epoch)
+        counts.add(int(train[0]["targets"].eq(proc.end_id).sum()))  # one end token an answer
+    assert counts == {1, 2}  # image 0 has two questions: one or both, drawn per epoch
+    with pytest.raises(UserError, match="conversation_turns='some'; use all or sampled"):
+        builder(write_root(tmp_path / "other"), task="conversation", conversation_turns="some")
