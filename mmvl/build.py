@@ -14,6 +14,7 @@ from mmvl.data.base import DatasetBuilder
 from mmvl.distributed.comm import is_main_process
 from mmvl.errors import UserError
 from mmvl.models.base import trainable_summary
+from mmvl.models.modules.lora import apply_lora
 
 log = logging.getLogger("mmvl")
 
@@ -70,13 +71,14 @@ def build_model(config: DictConfig, builders: dict[str, DatasetBuilder],
     cls = registry.MODELS.get(name)
     model_cfg = model_config(config, builders)
     model = cls(model_cfg)
-    freeze_model(model, name, model_cfg.get("freeze"))
+    adapted = apply_lora(model, model_cfg.get("lora"), name)  # adapters in, their parts' own weights frozen
+    freeze_model(model, name, model_cfg.get("freeze"), adapted)
     if checkpointing and config.training.get("gradient_checkpointing"):
         model.enable_gradient_checkpointing()
     return model
 
 
-def freeze_model(model: Any, name: str, parts: Any) -> list[str]:
+def freeze_model(model: Any, name: str, parts: Any, adapted: list[str] = ()) -> list[str]:
     """``model_config.<name>.freeze``, before the optimizer and any wrapper see the parameters;
     rank 0 logs how many parameters train."""
     if isinstance(parts, str):
@@ -90,7 +92,7 @@ def freeze_model(model: Any, name: str, parts: Any) -> list[str]:
                         "(it does not derive from mmvl.models.BaseModel); set freeze: [].")
     frozen = model.freeze(parts) if parts else []
     if is_main_process() and isinstance(model, torch.nn.Module):
-        log.info(trainable_summary(model, frozen))
+        log.info(trainable_summary(model, frozen, adapted))
     return frozen
 
 

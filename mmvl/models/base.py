@@ -106,9 +106,14 @@ def _under(name: str, prefixes: Iterable[str]) -> bool:
     return any(name == p or name.startswith(p + ".") for p in prefixes)
 
 
-def trainable_summary(model: torch.nn.Module, frozen: list[str]) -> str:
-    """``training 1,234 of 5,678 parameters (frozen: text_encoder)``: what the run log says."""
+def trainable_summary(model: torch.nn.Module, frozen: list[str], adapted: list[str] = ()) -> str:
+    """``training 1,234 of 5,678 parameters (frozen: text_encoder; LoRA on language_model: 456 adapter
+    parameters)``: what the run log says (adapters are the parameters named ``lora_``, peft's naming)."""
     total = sum(p.numel() for p in model.parameters())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    note = f" (frozen: {', '.join(frozen)})" if frozen else ""
+    notes = [f"frozen: {', '.join(frozen)}"] if frozen else []
+    if adapted:
+        adapters = sum(p.numel() for n, p in model.named_parameters() if ".lora_" in f".{n}")
+        notes.append(f"LoRA on {', '.join(adapted)}: {adapters:,} adapter parameters")
+    note = f" ({'; '.join(notes)})" if notes else ""
     return f"training {trainable:,} of {total:,} parameters{note}"

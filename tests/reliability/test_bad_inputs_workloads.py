@@ -95,6 +95,13 @@ ROWS = [
 for model, workload in GENERATIVE.items():  # decoding settings: used at evaluation and prediction, checked at start
     for key, value in (("max_new_tokens", 0), ("max_new_tokens", -3), ("num_beams", 0), ("num_beams", 1.5)):
         ROWS.append((workload, f"model_config.{model}.generation.{key}={value}", f"generation.{key}"))
+# LoRA through peft
+ROWS += [("vlm", [VLM + "lora.r=2", VLM + "lora.target_modules=[nope_proj]"],
+          "lora: target_modules=['nope_proj'] on part 'language_model'"),
+         ("vlm", VLM + "lora.r=0", "model_config.vlm.lora.r=0 must be an integer of 1 or more"),
+         ("vlm", [VLM + "lora.r=2", VLM + "lora.parts=[image_encoder]"], "on part 'image_encoder'"),
+         ("vlm", [VLM + "lora.r=2", VLM + "lora.parts=[vision]"], "model_config.vlm.lora.parts: vlm has no part 'vision'"),
+         ("clip", ["model_config.clip.lora.r=2", "model_config.clip.lora.alpha=0"], "model_config.clip.lora.alpha=0")]
 # LLaVA conversations: each bad record of the training file, a template without assistant turns, a missing split
 _TRAIN = "dataset_config.llava.annotations.train={files}/llava/"
 ROWS += [("llava", _TRAIN + "gpt_first.json", "sample 'a': the first turn is not the user's"),

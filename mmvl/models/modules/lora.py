@@ -1,0 +1,79 @@
+"""LoRA adapters through peft (``model_config.<model>.lora``; ``pip install 'mmvl[peft]'``).
+
+peft's ``inject_adapter_in_model`` puts the adapters into each adapted part's module in place, no
+wrapper: a part's parameter names stay the standalone module's (``q_proj.base_layer.weight``,
+``q_proj.lora_A.default.weight``), so what the run saves maps one to one onto what peft saves for
+that module. The adapted parts' own weights stop training; their adapters, and whatever ``freeze``
+leaves trainable elsewhere (the VLM's projector), train. ``r: null`` is off, and then peft is never
+imported.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from mmvl.errors import UserError, library_input
+
+#: what the adapters' parameter names hold (peft's naming)
+ADAPTER_MARK = ".lora_"
+KEYS = ("r", "alpha", "dropout", "target_modules", "parts")
+
+
+def lora_spec(spec: Mapping[str, Any] | None, model: str) -> dict[str, Any] | None:
+    """``model_config.<model>.lora`` checked; None when it is off (``r`` null)."""
+    spec = dict(spec or {})
+    where = f"model_config.{model}.lora"
+    unknown = sorted(set(spec) - set(KEYS))
+    if unknown:
+        raise UserError(f"{where}: unknown keys {unknown}; it takes {', '.join(KEYS)}.")
+    if spec.get("r") is None:
+        return None
+    r = spec["r"]
+    if isinstance(r, bool) or not isinstance(r, int) or r < 1:
+        raise UserError(f"{where}.r={r!r} must be an integer of 1 or more (e.g. 8), or null for no LoRA.")
+    alpha, dropout = spec.get("alpha"), spec.get("dropout") or 0.0
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or alpha <= 0:
+        raise UserError(f"{where}.alpha={alpha!r} must be a number above 0 (e.g. twice r).")
+    if not 0 <= float(dropout) < 1:
+        raise UserError(f"{where}.dropout={dropout!r} must be in [0, 1).")
+    parts = spec.get("parts")
+    if not parts or isinstance(parts, str):
+        raise UserError(f"{where}.parts={parts!r}: give a list of the model's parts to adapt, e.g. [language_model].")
+    targets = [str(t) for t in ([spec["target_modules"]] if isinstance(spec.get("target_modules"), str)
+                                else spec.get("target_modules") or ["all-linear"])]
+    return {"r": r, "alpha": float(alpha), "dropout": float(dropout), "parts": [str(p) for p in parts],
+            "target_modules": "all-linear" if targets == ["all-linear"] else targets}
+
+
+def apply_lora(model: Any, spec: Mapping[str, Any] | None, name: str) -> list[str]:
+    """Inject adapters into ``spec["parts"]`` of ``model`` (a BaseModel: its ``PARTS``) and freeze those
+    parts' own weights; returns the adapted parts ([] when LoRA is off)."""
+    lora = lora_spec(spec, name)
+    if lora is None:
+        return []
+    try:
+        import peft
+    except ImportError:
+        raise UserError(f"model_config.{name}.lora needs peft: pip install 'mmvl[peft]'.") from None
+    where = f"model_config.{name}.lora"
+    parts = getattr(model, "PARTS", {})
+    for part in lora["parts"]:
+        if part not in parts:
+            raise UserError(f"{where}.parts: {name} has no part {part!r}; its parts are {', '.join(parts) or 'none'}.")
+        for attr in parts[part]:
+            module = model.get_submodule(attr)
+            config = peft.LoraConfig(r=lora["r"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
+                                     target_modules=lora["target_modules"], bias="none")
+            with library_input(f"{where}: target_modules={lora['target_modules']!r} on part {part!r}",
+                               "name linear layers of that part (e.g. [q_proj, v_proj]) or all-linear."):
+                peft.inject_adapter_in_model(config, module)
+            adapters = 0
+            for pname, p in module.named_parameters():
+                adapted = ADAPTER_MARK in f".{pname}"
+                p.requires_grad_(adapted)
+                adapters += p.numel() if adapted else 0
+            if not adapters:
+                raise UserError(f"{where}: part {part!r} got no adapters from target_modules="
+                                f"{lora['target_modules']!r}; name its linear layers.")
+    return lora["parts"]
+

