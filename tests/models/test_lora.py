@@ -77,3 +77,41 @@ def test_a_lora_run_stopped_mid_epoch_resumes_bitwise(data, tmp_path):
     for pid, state in full["optimizer"]["state"].items():
         assert all(torch.equal(v, part["optimizer"]["state"][pid][k]) for k, v in state.items()
                    if isinstance(v, torch.Tensor))
+
+
+def test_exported_adapters_load_with_peft_and_generate_the_same_tokens(data, tmp_path):
+    """A LoRA run on an LM folder; mmvl_export adapters; PeftModel.from_pretrained(base LM, folder)
+    in place of mmvl's LM writes the same tokens, and so does its merge_and_unload."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from mmvl_cli.export import main as export
+    from tests.fixtures.tiny_vlm import make_tiny_lm
+
+    lm = make_tiny_lm(tmp_path / "lm", layers=1)
+    keys = [*LORA, f"model_config.vlm.language_model.path={lm}", "model_config.vlm.language_model.attn_implementation=eager",
+            f"dataset_config.easy_vqa_generative.processors.text_processor.params.tokenizer_path={lm}",
+            "optimizer.params.lr=5e-2", "run_type=train"]
+    trainer = Trainer(load_config(opts(data, tmp_path / "save", *keys, "training.max_updates=4")))
+    trainer.fit()
+    model = trainer.engine.unwrap_model(trainer.model).eval()
+    assert any(".lora_B" in n and p.abs().sum() > 0 for n, p in model.named_parameters())  # the adapters moved
+    assert export(["adapters", str(tmp_path / "save"), str(tmp_path / "adapters")]) == 0
+    assert export(["adapters", str(tmp_path / "save"), str(tmp_path / "adapters")]) == 2  # never over a folder
+    builder = trainer.builders["easy_vqa_generative"]
+    val = builder.build("val")
+    batch = builder.collate([val[i] for i in range(6)])
+    ours = model.generate(batch)
+    base = AutoModelForCausalLM.from_pretrained(str(lm), attn_implementation="eager")
+    model.lm = PeftModel.from_pretrained(base, str(tmp_path / "adapters")).eval()
+    assert torch.equal(model.generate(batch), ours)
+    model.lm = model.lm.merge_and_unload()
+    assert torch.equal(model.generate(batch), ours)
+
+
+def test_export_of_a_run_without_lora_is_one_line(data, tmp_path, capsys):
+    from mmvl_cli.export import main as export
+
+    assert run(opts(data, tmp_path / "save", "training.max_updates=1", "run_type=train")) == 0
+    assert export(["adapters", str(tmp_path / "save"), str(tmp_path / "out")]) == 2
+    assert "trained no LoRA adapters (model_config.vlm.lora.r is null)" in capsys.readouterr().err
