@@ -150,3 +150,25 @@ def test_sigkilled_mid_epoch_with_workers_resumes_bitwise(files, tmp_path):
     full, again = _weights(tmp_path / "full" / "checkpoints" / "last.ckpt"), _weights(
         tmp_path / "part" / "checkpoints" / "last.ckpt")
     assert full.keys() == again.keys() and all(torch.equal(full[k], again[k]) for k in full)
+
+
+def test_an_image_cell_may_be_an_image_bytes_or_a_path(tmp_path):
+    import io
+
+    from PIL import Image
+
+    from mmvl.data.datasets.hf_dataset import decode_cell
+    from mmvl.errors import UserError
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (5, 4), (200, 10, 10)).save(buffer, format="PNG")
+    data = buffer.getvalue()
+    (tmp_path / "img").mkdir()
+    (tmp_path / "img" / "a.png").write_bytes(data)
+    for cell in ({"bytes": data, "path": None}, data, "img/a.png", {"bytes": None, "path": "img/a.png"}):
+        image = decode_cell(cell, tmp_path, "row 0")
+        assert image.size == (5, 4) and image.getpixel((0, 0)) == (200, 10, 10)
+    with pytest.raises(UserError, match="row 3: the image .*img/b.png.* does not decode"):
+        decode_cell("img/b.png", tmp_path, "row 3")
+    with pytest.raises(UserError, match="row 4: the image \\(3 bytes\\) does not decode"):
+        decode_cell(b"abc", tmp_path, "row 4")
