@@ -115,3 +115,26 @@ def test_export_of_a_run_without_lora_is_one_line(data, tmp_path, capsys):
     assert run(opts(data, tmp_path / "save", "training.max_updates=1", "run_type=train")) == 0
     assert export(["adapters", str(tmp_path / "save"), str(tmp_path / "out")]) == 2
     assert "trained no LoRA adapters (model_config.vlm.lora.r is null)" in capsys.readouterr().err
+
+
+@pytest.mark.proc
+@pytest.mark.slow  # three real runs (~30 s)
+def test_a_sigkilled_lora_run_resumes_bitwise(data, tmp_path):
+    """SIGKILL during update 3 of 6 in the first epoch; the restart (resume=auto) ends where the
+    uninterrupted run ends: adapters, projector and optimizer state."""
+    from tests.fixtures.faults import run_faulty
+
+    common = [*LORA, "training.max_updates=8", "training.checkpoint_interval=1", "run_type=train",
+              "checkpoint.max_to_keep=2", "checkpoint.resume=auto", "training.tensorboard=false"]
+    assert run_faulty(opts(data, tmp_path / "full", *common), timeout=300).returncode == 0
+    part = opts(data, tmp_path / "part", *common)
+    killed = run_faulty(part, [{"update": 3, "action": "sigkill", "when": "after"}], timeout=300)
+    assert killed.returncode < 0, killed.stderr
+    assert run_faulty(part, timeout=300).returncode == 0
+    full = safe_load(str(tmp_path / "full" / "checkpoints" / "last.ckpt"))
+    again = safe_load(str(tmp_path / "part" / "checkpoints" / "last.ckpt"))
+    assert any(".lora_B" in k for k in full["model"])
+    assert all(torch.equal(full["model"][k], again["model"][k]) for k in full["model"])
+    for pid, state in full["optimizer"]["state"].items():
+        assert all(torch.equal(v, again["optimizer"]["state"][pid][k]) for k, v in state.items()
+                   if isinstance(v, torch.Tensor))
