@@ -85,13 +85,20 @@ def reduce(data: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
 
 
 def split(inputs: Any, rank: int, world: int, pad: bool) -> Any:
-    """This rank's contiguous part of ``inputs`` (a list, tuple, tensor, or a dict of them); the
-    first ``len % world`` ranks take one more; ``pad``: every rank as many (the last item repeated)."""
+    """This rank's contiguous part of ``inputs`` (a list, tuple, tensor, a Hugging Face ``Dataset``, or
+    a dict of them); the first ``len % world`` ranks take one more; ``pad``: every rank as many (the
+    last item repeated)."""
     if isinstance(inputs, dict):
         return {k: split(v, rank, world, pad) for k, v in inputs.items()}
     n = len(inputs)
     per, extra = divmod(n, world)
     start = rank * per + min(rank, extra)
+    if callable(getattr(inputs, "select", None)) and not isinstance(inputs, torch.Tensor):
+        # a Hugging Face ``datasets.Dataset`` (its slice is a dict of columns): rows by index
+        rows = list(range(start, start + per + (rank < extra)))
+        if pad and extra and n:
+            rows += [n - 1] * (per + 1 - len(rows))
+        return inputs.select(rows)
     part = inputs[start:start + per + (rank < extra)]
     if pad and extra and rank >= extra and n:
         last = inputs[-1:]

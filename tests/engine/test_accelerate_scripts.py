@@ -16,8 +16,6 @@ from tests.engine.accelerate_scripts.harness import run_cases
 #: cases that fail on Accelerate itself on CPU (gloo), and why, by (case, world size; "*": both);
 #: each says whether it passes on mmvl (the test does not require it to)
 FAILS_ON_ACCELERATE = {
-    ("script:test_split_between_processes_dataset", "*"):
-        "both fail: needs Hugging Face `datasets`, not installed (main() skips the case without it)",
     ("data_loop:test_stateful_dataloader", 2):
         "Accelerate: needs torchdata's StatefulDataLoader (not installed); mmvl passes (its prepared loaders "
         "always have state_dict/load_state_dict)",
