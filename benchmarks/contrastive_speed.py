@@ -26,7 +26,6 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -34,6 +33,8 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+
+from benchmarks.timing import timed  # noqa: E402  (the tree first on sys.path)
 
 
 def open_clip_model(args: argparse.Namespace) -> torch.nn.Module:
@@ -137,16 +138,6 @@ class _Loader(list):
     @property
     def num_samples(self) -> int:
         return sum(len(b[0]) for b in self)
-
-
-def timed(step: Any, n: int) -> float:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    step.run(n)
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    return (time.perf_counter() - start) / n
 
 
 def speed(args: argparse.Namespace) -> float:

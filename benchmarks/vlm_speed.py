@@ -24,7 +24,6 @@ import copy
 import os
 import statistics
 import sys
-import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -32,6 +31,8 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+
+from benchmarks.timing import timed  # noqa: E402  (the tree first on sys.path)
 IMAGE_TOKEN, PAD, EOS, IGNORE = 3, 0, 2, -100
 
 
@@ -126,16 +127,6 @@ class PlainStep:
             loss.backward()
             self.optimizer.step()
             self.optimizer.zero_grad()
-
-
-def timed(step: Any, n: int) -> float:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    step.run(n)
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    return (time.perf_counter() - start) / n
 
 
 def compare(args: argparse.Namespace, lora: bool) -> float:

@@ -54,11 +54,16 @@ def first_line(error: BaseException, limit: int = 120) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+#: (module, class) of library errors that derive from ``Exception`` alone yet mean bad input:
+#: transformers' config validation (huggingface_hub) and chat-template rendering (jinja2)
+_BARE_INPUT_ERRORS = (("huggingface_hub.errors", "StrictDataclassError"), ("jinja2.exceptions", "TemplateError"))
+
+
 def _validation_errors() -> tuple[type[BaseException], ...]:
-    """huggingface_hub's ``StrictDataclassError`` (transformers' config validation, a bare
-    ``Exception`` subclass), once that library is loaded: only a loaded library can have raised it."""
-    found = getattr(sys.modules.get("huggingface_hub.errors"), "StrictDataclassError", None)
-    return (found,) if isinstance(found, type) else ()
+    """The classes of :data:`_BARE_INPUT_ERRORS` whose library is loaded: only a loaded library can
+    have raised one, so nothing is imported to find them."""
+    found = (getattr(sys.modules.get(module), name, None) for module, name in _BARE_INPUT_ERRORS)
+    return tuple(cls for cls in found if isinstance(cls, type))
 
 
 @contextlib.contextmanager

@@ -91,10 +91,11 @@ def open_split(cfg: Mapping[str, Any], split: str, data_dir: str, cache: str, co
     return data
 
 
-def arrow_row(data: Any, index: int) -> dict[str, Any]:
-    """Row ``index`` as plain values read from the memory-mapped Arrow table, nothing decoded (an
-    image is its ``{"bytes", "path"}`` cell): mmvl decodes images itself, naming a cell that fails."""
-    return data.with_format("arrow")[int(index)].to_pylist()[0]
+def arrow_row(rows: Any, index: int) -> dict[str, Any]:
+    """Row ``index`` of ``rows`` (a split's ``with_format("arrow")`` view, made once per split) as
+    plain values read from the memory-mapped table, nothing decoded (an image is its ``{"bytes",
+    "path"}`` cell): mmvl decodes images itself, naming a cell that fails."""
+    return rows[int(index)].to_pylist()[0]
 
 
 def image_cell(cell: Any) -> tuple[bytes | None, str | None]:

@@ -67,6 +67,7 @@ class HFRows(Dataset):
 
     def __init__(self, data: Any, builder: "HFDatasetBuilder", split: str):
         self.data, self.builder, self.split = data, builder, split
+        self.rows = data.with_format("arrow")  # a view of the same memory-mapped table
         self.columns, self.task = builder.columns, builder.task
         self.label = "all" if split == "train" else "last"
 
@@ -74,7 +75,7 @@ class HFRows(Dataset):
         return len(self.data)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
-        b, row = self.builder, arrow_row(self.data, index)
+        b, row = self.builder, arrow_row(self.rows, index)
         where = f"{b.name} {self.split} row {index}"
         item: dict[str, Any] = {"id": int(index)}
         image = self._image(row, where)

@@ -19,10 +19,9 @@ Either way the one ``<image>`` placeholder of a conversation with an image becom
 """
 from __future__ import annotations
 
-import sys
 from typing import Any, Sequence
 
-from mmvl.errors import UserError, first_line
+from mmvl.errors import UserError, library_input
 
 #: what a rendered probe conversation's assistant turn says (found again to locate the end-of-turn token)
 _PROBE = "mmvl probe answer"
@@ -61,12 +60,6 @@ def image_first(turns: Sequence[dict[str, str]], image_token: str) -> list[dict[
     return out
 
 
-def _template_errors() -> tuple[type[BaseException], ...]:
-    """jinja2's template errors, once loaded (transformers renders templates with it)."""
-    found = getattr(sys.modules.get("jinja2.exceptions"), "TemplateError", None)
-    return (found,) if isinstance(found, type) else ()
-
-
 class ChatTemplate:
     """A tokenizer's chat template as a conversation layout (see the module docstring)."""
 
@@ -84,13 +77,8 @@ class ChatTemplate:
         self.end_id = int(tail[0]) if tail else int(tokenizer.eos_token_id)
 
     def render(self, turns: Sequence[dict[str, str]], generation_prompt: bool = False) -> str:
-        try:
+        with library_input(f"{self.where}: the tokenizer's chat_template does not render", "fix the template."):
             return str(self.tok.apply_chat_template(list(turns), tokenize=False, add_generation_prompt=generation_prompt))
-        except Exception as e:
-            if isinstance(e, (ValueError, TypeError, KeyError) + _template_errors()):
-                raise UserError(f"{self.where}: the tokenizer's chat_template does not render: "
-                                f"{type(e).__name__}: {first_line(e)}; fix the template.") from e
-            raise
 
     def encode(self, text: str) -> list[int]:
         return list(self.tok(text, add_special_tokens=False)["input_ids"]) if text else []
