@@ -114,7 +114,8 @@ ROWS += [("llava", _TRAIN + "gpt_first.json", "sample 'a': the first turn is not
           "train sample 'f': 103 tokens with the image tokens exceed max_length=48"),
          ("llava", "dataset_config.llava.processors.text_processor.params.tokenizer_path={files}/llava/silent_tok",
           "chat_template renders no assistant turn"),
-         ("llava", "dataset_config.llava.annotations.val=null", "annotations.val is not set, and the run uses the val split")]
+         ("llava", "dataset_config.llava.annotations.val=null", "annotations.val is not set, and the run uses the val split"),
+         ("llava", "dataset_config.llava.on_bad_image=skip", "Unknown config key 'dataset_config.llava.on_bad_image'")]
 # Hugging Face datasets on disk: the folder, the globs, the columns, the images, the split names
 _HF = "dataset_config.hf_dataset."
 _PARQUET = [_HF + "path=null", _HF + "splits.val=null", _HF + "data_files.train={files}/hf/parquet/train-*.parquet"]

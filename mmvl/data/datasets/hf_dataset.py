@@ -168,7 +168,11 @@ class HFDatasetBuilder(GeneratesText, FileDatasetBuilder):
         return data_path(self.data_dir, None, folder) if folder else Path(self.data_dir)
 
     def records(self, split: str) -> Any:
-        return self.split_data(split)
+        """The split, capped at ``max_samples`` (its first rows)."""
+        if split not in self._records:
+            data, cap = self.split_data(split), self.cfg.get("max_samples")
+            self._records[split] = data.select(range(min(int(cap), len(data)))) if cap else data
+        return self._records[split]
 
     def train_texts(self) -> list[str]:
         data, c = self.split_data("train").with_format("arrow"), self.columns

@@ -63,6 +63,9 @@ def test_splits_are_memory_mapped_and_rows_are_conversations(files, tmp_path):
     assert train[1]["input_ids"].eq(image).sum() == 16 and train[4]["input_ids"].eq(image).sum() == 0  # 4: text-only
     assert train[1]["targets"].ne(-100).sum() > val[1]["targets"].ne(-100).sum() > 0  # all turns vs the last
     assert val[1]["answer"] == "a square" and train[4]["image"].abs().sum() == 0
+    capped = Trainer(load_config([*_vlm(files, tmp_path / "capped", "parquet"), "run_type=train", H + "max_samples=5",
+                                  "training.batch_size=4"]))
+    assert len(capped.builders["hf_dataset"].build("train")) == 5  # max_samples: the first rows
 
 
 def test_a_vqa_parquet_trains_a_classifier(files, tmp_path):
