@@ -12,15 +12,19 @@ weights on the same synthetic batches with AdamW. mmvl's step is ``Trainer.train
 alternately for ``--rounds`` rounds (each round starting with the other), each timing ``--steps``
 updates after one untimed update; ``time ratio mmvl/open_clip`` is the median over the rounds of
 the two times' ratio (target: at most 1.05), robust to a busy machine slowing a whole round.
-Peak memory is the device's (CUDA); on a CPU it is not measured and printed as n/a.
+Peak memory is the device's (CUDA); on a CPU it is not measured and printed as n/a. Where open_clip
+is not installed (a GPU machine without a package index), mmvl's step is timed alone, from the
+same random initialisation, and a ``note:`` line says there is no ratio.
 
 The loss memory part runs 2 gloo ranks of ``--loss-batch``/2 rows each (global ``--loss-batch``):
 the bytes the loss saves for backward (its logits, log-softmax, gathered features), summed by
-``torch.autograd.graph.saved_tensors_hooks``, per rank, with ``local_loss`` false and true.
+``torch.autograd.graph.saved_tensors_hooks``, per rank, with ``local_loss`` false and true;
+``--loss-batch 0`` leaves that part out.
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import os
 import statistics
@@ -47,7 +51,7 @@ def open_clip_model(args: argparse.Namespace) -> torch.nn.Module:
                                      heads=args.heads, layers=args.layers), output_dict=True)
 
 
-def mmvl_model(args: argparse.Namespace, weights: str) -> torch.nn.Module:
+def mmvl_model(args: argparse.Namespace, weights: str | None) -> torch.nn.Module:
     from omegaconf import OmegaConf
 
     from mmvl.models.clip import Clip
@@ -140,15 +144,21 @@ class _Loader(list):
         return sum(len(b[0]) for b in self)
 
 
-def speed(args: argparse.Namespace) -> float:
-    reference = open_clip_model(args)
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "open_clip.pt")
-        torch.save(reference.state_dict(), path)
-        ours = mmvl_model(args, path)
+def speed(args: argparse.Namespace) -> float | None:
+    """The interleaved timing; the ratio, or None where open_clip is not installed (mmvl alone)."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     data = [(i.to(device), t.to(device)) for i, t in batches(args, args.steps)]
-    steps = {"mmvl": MmvlStep(ours.to(device), data), "open_clip": OpenClipStep(reference.to(device), data)}
+    if importlib.util.find_spec("open_clip") is None:
+        print("note: open_clip is not installed: mmvl's step is timed alone, no ratio")
+        torch.manual_seed(0)
+        steps: dict[str, Any] = {"mmvl": MmvlStep(mmvl_model(args, None).to(device), data)}
+    else:
+        reference = open_clip_model(args)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "open_clip.pt")
+            torch.save(reference.state_dict(), path)
+            ours = mmvl_model(args, path)
+        steps = {"mmvl": MmvlStep(ours.to(device), data), "open_clip": OpenClipStep(reference.to(device), data)}
     times: dict[str, list[float]] = {k: [] for k in steps}
     peaks: dict[str, float | None] = {k: None for k in steps}
     for name, step in steps.items():
@@ -165,6 +175,8 @@ def speed(args: argparse.Namespace) -> float:
         peak = f"{peaks[name]:.0f} MB" if peaks[name] is not None else "n/a (CPU)"
         print(f"{name}: {1000 * median[name]:.1f} ms/update, {args.batch / median[name]:.1f} samples/s, "
               f"peak memory {peak}")
+    if "open_clip" not in steps:
+        return None
     ratio = statistics.median(m / o for m, o in zip(times["mmvl"], times["open_clip"]))  # round by round
     memory = f", peak memory ratio {peaks['mmvl'] / peaks['open_clip']:.3f}" if peaks["mmvl"] else ""
     print(f"time ratio mmvl/open_clip: {ratio:.3f} (target: at most 1.05){memory}")
@@ -218,14 +230,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--loss-batch", type=int, default=4096)
+    parser.add_argument("--loss-batch", type=int, default=4096, help="0: no loss-memory part")
     parser.add_argument("--embed-loss", type=int, default=512)
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     logging.getLogger().setLevel(logging.WARNING)  # open_clip's loop logs its first update
     speed(args)
-    loss_memory(args)
+    if args.loss_batch:
+        loss_memory(args)
 
 
 if __name__ == "__main__":

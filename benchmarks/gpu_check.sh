@@ -10,17 +10,21 @@
 #
 # Steps, the most important first, each under its own budget in seconds (enforced with `timeout`;
 # a step that runs out is killed and marked TIMED OUT, the next one starts). The budgets add up to
-# 460 s, under GPU_CHECK_BUDGET (default 480 s = 8 minutes); a step is skipped when less than
-# 10 s of the overall budget is left.
+# 480 s, GPU_CHECK_BUDGET's default (8 minutes); a step is skipped when less than 10 s of the
+# overall budget is left.
 #  1. preflight (20): torch, CUDA (not in dry mode), omegaconf, the optional packages, and that
 #     `benchmarks` is this tree's (fairscale's wheel installs a top-level `benchmarks` too)
-#  2. step_speed base --compile, plain + trainer (170): the issue's measured aim, the Trainer with
+#  2. step_speed base --compile, plain + trainer (150): the issue's measured aim, the Trainer with
 #     torch.compile on BERT-base (batch 128, bf16); prints the recompiles while timed and MFU
-#  3. pytest -m cuda (120): every CUDA-only test
-#  4. step_speed base eager, every variant (60)
-#  5. the Sort-of-CLEVR demo on CUDA in bf16 (50) and fp16 (40), DEMO_UPDATES updates (default 300)
+#  3. pytest -m cuda (100): every CUDA-only test
+#  4. vlm_speed (40): the VLM's training step against a plain transformers loop, full and LoRA
+#     (LoRA left out, with a note, where peft is missing)
+#  5. contrastive_speed (40): clip's training step against open_clip's (mmvl alone, with a note,
+#     where open_clip is missing)
+#  6. step_speed base eager, every variant (50)
+#  7. the Sort-of-CLEVR demo on CUDA in bf16 (45) and fp16 (35), DEMO_UPDATES updates (default 300)
 #     on 2,000 generated images, then its evaluation on 100
-# Dry mode: CPU, step_speed --preset tiny, the demo for 3 updates (DEMO_UPDATES) on 64 images;
+# Dry mode: CPU, step_speed --preset tiny, vlm_speed and contrastive_speed at smoke sizes, the demo for 3 updates (DEMO_UPDATES) on 64 images;
 # pytest -m cuda collects every module and skips the tests.
 #
 # Every step runs even when an earlier one failed; the exit status is 1 if any failed or timed
@@ -36,7 +40,7 @@ DRY=${GPU_CHECK_DRY:-0}
 for arg in "$@"; do
   case $arg in
     --dry) DRY=1 ;;
-    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
     *) echo "gpu_check: unknown argument '${arg}'; the only option is --dry (or GPU_CHECK_DRY=1)" >&2; exit 2 ;;
   esac
 done
@@ -98,9 +102,15 @@ SPEED_LINES='^(preset |MFU = |recompiles while timed|note: |(plain|engine|traine
 DEMO_LINES='update [0-9]+/[0-9]+ \||@ update'
 if ((DRY)); then
   MODE="dry (CPU, tiny sizes)"; PRESET=(--preset tiny --threads 1)
+  VLM=(--steps 1 --rounds 1 --batch 2 --width 32 --layers 1 --heads 2 --threads 1)
+  CLIP=(--steps 1 --rounds 1 --batch 4 --image 32 --layers 1 --width 32 --heads 2 --threads 1)
 else
   MODE="real (CUDA)"; PRESET=(--preset base)
+  VLM=(--batch 32 --width 512 --layers 8 --heads 8)
+  CLIP=(--batch 256 --image 128)
 fi
+VLM_LINES='^((full|lora) (mmvl|plain): |ratio |note: )'
+CLIP_LINES='^((mmvl|open_clip): |time ratio |note: )'
 note "gpu_check ${MODE}: budget ${BUDGET} s, outputs in ${DIR}"
 
 step "preflight" 20 '^(torch|optional|benchmarks)' env GPU_CHECK_DRY="${DRY}" "$PY" - <<'EOF'
@@ -120,7 +130,8 @@ if importlib.util.find_spec("omegaconf") is None:
     sys.exit(2)
 device = "cpu (dry mode)" if dry else torch.cuda.get_device_name(0)
 print(f"torch {torch.__version__} on {device}, Python {sys.version.split()[0]}")
-missing = [m for m in ("lmdb", "fairscale", "accelerate", "lightning") if importlib.util.find_spec(m) is None]
+missing = [m for m in ("lmdb", "fairscale", "accelerate", "lightning", "peft", "open_clip", "timm")
+           if importlib.util.find_spec(m) is None]
 print(f"optional packages missing: {', '.join(missing) or 'none'} (their tests skip, their variants are noted)")
 import benchmarks
 where = os.path.dirname(os.path.abspath(benchmarks.__file__))
@@ -133,16 +144,18 @@ if grep -q "^gpu_check: " "${DIR}/logs/preflight.log"; then  # a missing require
   exit 2
 fi
 
-step "step_speed compiled" 170 "${SPEED_LINES}" "$PY" benchmarks/step_speed.py "${PRESET[@]}" --compile \
+step "step_speed compiled" 150 "${SPEED_LINES}" "$PY" benchmarks/step_speed.py "${PRESET[@]}" --compile \
   --variants plain,trainer --repeats "${COMPILE_ROUNDS:-1}"
-step "pytest -m cuda" 120 '(passed|failed|skipped|error|no tests ran)' \
+step "pytest -m cuda" 100 '(passed|failed|skipped|error|no tests ran)' \
   "$PY" -m pytest -q -m cuda -p no:cacheprovider tests
-step "step_speed eager" 60 "${SPEED_LINES}" "$PY" benchmarks/step_speed.py "${PRESET[@]}" \
+step "vlm_speed" 40 "${VLM_LINES}" "$PY" benchmarks/vlm_speed.py "${VLM[@]}"
+step "contrastive_speed" 40 "${CLIP_LINES}" "$PY" benchmarks/contrastive_speed.py "${CLIP[@]}" --loss-batch 0
+step "step_speed eager" 50 "${SPEED_LINES}" "$PY" benchmarks/step_speed.py "${PRESET[@]}" \
   --repeats "${EAGER_ROUNDS:-1}"
 # shellcheck disable=SC2046  # demo_args prints space-free key=value words
-step "demo bf16" 50 "${DEMO_LINES}" "$PY" -c "${RUN}" $(demo_args bf16)
+step "demo bf16" 45 "${DEMO_LINES}" "$PY" -c "${RUN}" $(demo_args bf16)
 # shellcheck disable=SC2046
-step "demo fp16" 40 "${DEMO_LINES}" "$PY" -c "${RUN}" $(demo_args fp16)
+step "demo fp16" 35 "${DEMO_LINES}" "$PY" -c "${RUN}" $(demo_args fp16)
 
 if ((${#failed[@]})); then
   note "gpu_check: $((SECONDS - start_all)) s in all (budget ${BUDGET} s); FAILED: ${failed[*]}"

@@ -29,6 +29,7 @@ from mmvl.config.load import config_root
 from mmvl.config.schema import reset_needed, resume_safe, stages
 from mmvl.engine import Engine
 from mmvl.errors import UserError
+from mmvl.models.modules.lora import is_adapter, onto_adapted
 from mmvl.optim import adopt_config_hyperparameters
 
 log = logging.getLogger("mmvl")
@@ -278,8 +279,8 @@ def _load_pretrained(model: torch.nn.Module, path: str, mapping: dict[str, str])
         prefixes = sorted({n.split(".")[0] for n in names})
         raise UserError(f"checkpoint.pretrained_state_mapping: {unmatched} match no key of {path} "
                         f"(its top-level prefixes: {prefixes[:10]}); fix the checkpoint prefixes.")
-    mapped = apply_state_mapping(weights, mapping)
     model_keys = [canonical_key(k) for k in model.state_dict()]
+    mapped = onto_adapted({canonical_key(k): v for k, v in apply_state_mapping(weights, mapping).items()}, model_keys)
     unexpected = [k for k in mapped if canonical_key(k) not in set(model_keys)]
     if unexpected:
         raise UserError(f"after checkpoint.pretrained_state_mapping, {len(unexpected)} keys of {path} are not in "
@@ -287,7 +288,7 @@ def _load_pretrained(model: torch.nn.Module, path: str, mapping: dict[str, str])
                         f"{model_keys[:3]}).")
     targets = [str(d or "").rstrip(".") for d in mapping.values()]
     covered = {canonical_key(k) for k in mapped}
-    missing = [k for k in model_keys if k not in covered and (not mapping or any(
+    missing = [k for k in model_keys if k not in covered and not is_adapter(k) and (not mapping or any(
         t and (k == t or k.startswith(t + ".")) for t in targets))]
     if missing:
         hint = ("to load part of the weights set checkpoint.pretrained_state_mapping={<checkpoint prefix>: "

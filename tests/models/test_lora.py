@@ -113,6 +113,29 @@ def test_exported_adapters_load_with_peft_and_generate_the_same_tokens(data, tmp
     assert torch.equal(model.generate(batch), ours)
 
 
+def test_a_checkpoint_without_lora_loads_into_a_lora_model(data, tmp_path):
+    """Stage 1 trains without LoRA, stage 2 adds adapters on top (resume_pretrained): every weight of
+    the checkpoint lands on its layer (peft's ``base_layer`` for an adapted one), the adapters keep
+    their initialisation, and the adapted model scores the batch exactly as the checkpoint's did."""
+    assert run(opts(data, tmp_path / "stage1", "training.max_updates=2", "run_type=train")) == 0
+    ckpt = tmp_path / "stage1" / "checkpoints" / "last.ckpt"
+    plain = Trainer(load_config(opts(data, tmp_path / "plain", "checkpoint.resume_pretrained=true",
+                                     f"checkpoint.resume_file={ckpt}", "run_type=train")))
+    lora = Trainer(load_config(opts(data, tmp_path / "lora", *LORA, "checkpoint.resume_pretrained=true",
+                                    f"checkpoint.resume_file={ckpt}", "run_type=train")))
+    saved = safe_load(str(ckpt))["model"]
+    state = lora.engine.unwrap_model(lora.model).state_dict()
+    moved = [k for k in saved if k not in state]
+    assert moved and all(k.startswith("lm.") for k in moved)  # the adapted LM layers' weights were renamed
+    for key, value in saved.items():
+        head, _, leaf = key.rpartition(".")
+        assert torch.equal(state[key if key in state else f"{head}.base_layer.{leaf}"], value), key
+    builder = lora.builders["easy_vqa_generative"]
+    batch = builder.collate([builder.build("val")[i] for i in range(4)])
+    outputs = [t.engine.unwrap_model(t.model).eval()(dict(batch))["scores"] for t in (plain, lora)]
+    assert torch.equal(*outputs)
+
+
 def test_export_of_a_run_without_lora_is_one_line(data, tmp_path, capsys):
     from mmvl_cli.export import main as export
 

@@ -9,7 +9,7 @@ imported.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +79,26 @@ def apply_lora(model: Any, spec: Mapping[str, Any] | None, name: str) -> list[st
                                 f"{lora['target_modules']!r}; name its linear layers.")
     return lora["parts"]
 
+
+
+def is_adapter(key: str) -> bool:
+    """Whether a parameter name is a LoRA adapter's (peft's ``lora_A``/``lora_B``)."""
+    return ADAPTER_MARK in f".{key}"
+
+
+def onto_adapted(weights: Mapping[str, Any], model_keys: Iterable[str]) -> dict[str, Any]:
+    """Weights saved without LoRA (a stage-1 checkpoint) renamed onto a model with adapters: peft
+    keeps an adapted layer's own weights as ``X.base_layer.weight`` where the checkpoint has
+    ``X.weight``. Keys the model has as they are, and keys of no adapted layer, stay; the adapters
+    themselves are not in such a checkpoint and keep their initialisation (B at zero: the adapted
+    model computes what the checkpoint's model did)."""
+    keys = set(model_keys)
+    out = {}
+    for key, value in weights.items():
+        head, _, leaf = key.rpartition(".")
+        moved = f"{head}.base_layer.{leaf}"
+        out[moved if key not in keys and moved in keys else key] = value
+    return out
 
 
 def adapter_tensors(state: Mapping[str, Any], prefix: str) -> dict[str, Any]:
