@@ -34,6 +34,7 @@ class Checkpointables:
 
     def __init__(self) -> None:
         self._objects: dict[str, Any] = {}
+        self._unclaimed: dict[str, Any] = {}
 
     def register(self, name: str, obj: Any) -> None:
         """Add ``obj`` under ``name`` (registering the same object again is a no-op)."""
@@ -49,6 +50,12 @@ class Checkpointables:
 
     def unregister(self, name: str) -> None:
         self._objects.pop(name, None)
+
+    def claim(self, name: str) -> Any:
+        """The entry ``name`` of the last loaded state that no checkpointable had then (None if
+        none): an object made after the load (a ``LocalSGD`` block opened after ``load_state``)
+        takes its state this way, once."""
+        return self._unclaimed.pop(name, None)
 
     def __contains__(self, name: str) -> bool:
         return name in self._objects
@@ -73,6 +80,7 @@ class Checkpointables:
         it as it is (a sharded checkpoint's model, an fp32 checkpoint's scaler, a reset data
         position). Returns the names that found no entry."""
         skipped, absent = set(skip), []
+        self._unclaimed = {k: v for k, v in state.items() if k not in self._objects and k != FORMAT}
         for name in self.names():
             if name in skipped:
                 continue

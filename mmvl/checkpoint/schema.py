@@ -17,6 +17,8 @@ defined here and nowhere else:
 ``callbacks``           each callback's state, by name
 ``ema``                 the model EMA (``training.ema.decay`` > 0): ``decay``, ``updates`` and ``weights``
                         (the averaged tensors by the unwrapped model's state-dict names)
+``local_sgd``           an open ``LocalSGD`` block's step count and every rank's parameters and
+                        optimizer state (they differ between averages; :mod:`mmvl.engine.local_sgd`)
 ``config``              the resolved config the run was started with (a plain container)
 ``format``              :data:`FORMAT_VERSION` (absent in checkpoints of mmvl before it: version 1)
 ======================  ===========================================================================
@@ -41,6 +43,8 @@ RNG = "rng"
 CALLBACKS = "callbacks"
 #: only in runs with the model EMA on (loaded after :data:`KEYS`, which every trainer's checkpoint has)
 EMA = "ema"
+#: only while a ``LocalSGD`` block is open (loaded after the model and optimizer it overrides per rank)
+LOCAL_SGD = "local_sgd"
 CONFIG = "config"
 FORMAT = "format"
 #: the built-in keys in the order they are loaded (the model before the optimizer that refers to it)

@@ -6,6 +6,7 @@
 - :mod:`mmvl.engine.loaders`, :mod:`mmvl.engine.shards`: prepared DataLoaders (sharded per rank as
   Accelerate shards them, resumable mid-epoch);
 - :mod:`mmvl.engine.plugins`: ``DataLoaderConfiguration``, ``GradientAccumulationPlugin``, ``GradientState``;
+- :mod:`mmvl.engine.local_sgd`: ``LocalSGD`` (parameters averaged every K steps, Accelerate's meaning);
 - :mod:`mmvl.engine.nested`: collectives over nested data, ``split_between_processes``, RNG sync;
 - :mod:`mmvl.engine.accelerator`, :mod:`mmvl.engine.accelerate`: Accelerate's names (``Accelerator``
   is the Engine).
@@ -13,6 +14,7 @@
 from mmvl.engine.accelerate import DistributedType, find_executable_batch_size, set_seed
 from mmvl.engine.core import Engine, compile_model
 from mmvl.engine.loaders import prepare_data_loader
+from mmvl.engine.local_sgd import LocalSGD
 from mmvl.engine.nested import gather, gather_object, synchronize_rng_states
 from mmvl.engine.plugins import DataLoaderConfiguration, GradientAccumulationPlugin, GradientState
 from mmvl.engine.process import AcceleratorState
@@ -24,6 +26,6 @@ from mmvl.engine.state import load_sharded, save_sharded
 Accelerator = Engine
 
 __all__ = ["Accelerator", "AcceleratorState", "DataLoaderConfiguration", "DeviceLoader", "DistributedType", "Engine",
-           "GradientAccumulationPlugin", "GradientState", "PreparedOptimizer", "PreparedScheduler",
+           "GradientAccumulationPlugin", "GradientState", "LocalSGD", "PreparedOptimizer", "PreparedScheduler",
            "SeedableRandomSampler", "compile_model", "find_executable_batch_size", "gather", "gather_object",
            "load_sharded", "prepare_data_loader", "save_sharded", "set_seed", "synchronize_rng_states"]

@@ -22,7 +22,7 @@ def ported(script: Path, folder: Path) -> Path:
     """The mmvl form of an Accelerate script: every ``from accelerate... import X`` imports X from mmvl."""
     lines = []
     for line in script.read_text().splitlines(keepends=True):
-        if line.startswith(("from accelerate import ", "from accelerate.utils import ")):
+        if line.startswith(("from accelerate import ", "from accelerate.utils import ", "from accelerate.local_sgd import ")):
             line = "from mmvl.engine import " + line.split(" import ", 1)[1]
         lines.append(line)
     folder.mkdir(parents=True, exist_ok=True)
@@ -79,6 +79,9 @@ RESUMES = {
     # batch 12 is over the simulated limit, the search settles on 10 (10 batches an epoch); on resume it
     # runs again, and the try at 10 loads the state (two tries a run: each one's gc.collect takes long here)
     "memory": (["--batch_size", "12", "--max_device_batch", "10"], 15, 5),
+    # 12 batches an epoch, averages every 5 (a new LocalSGD each epoch): both saves fall between averages,
+    # where the processes' parameters and momentum differ (at 1 process LocalSGD is off)
+    "local_sgd": (["--batch_size", "8", "--local_sgd_steps", "5"], 14, 7),
 }
 
 
@@ -104,7 +107,9 @@ def _resumed_is_uninterrupted(out: Path, name: str) -> None:
     assert full_model.keys() == resumed_model.keys()
     for key, value in full_model.items():
         assert torch.equal(resumed_model[key], value), key
-    counted_here = ("orders", "optimizer_steps")  # what each process counts of its own updates
+    if "sums" in full:  # local_sgd: each process's parameter sum after every batch, from the kill on
+        assert resumed["sums"] == full["sums"][stop:]
+    counted_here = ("orders", "optimizer_steps", "sums")  # what each process counts of its own updates
     assert {k: v for k, v in resumed.items() if k not in counted_here} == \
         {k: v for k, v in full.items() if k not in counted_here}
 
@@ -185,7 +190,8 @@ ACCURACY_VS_ACCELERATE = 0.15
 
 
 def _halved(args: list[str]) -> list[str]:
-    return [str(int(a) // 2) if a.isdigit() and args[i - 1] != "--gradient_accumulation_steps" else a
+    return [str(int(a) // 2) if a.isdigit() and args[i - 1] not in ("--gradient_accumulation_steps", "--local_sgd_steps")
+            else a
             for i, a in enumerate(args)]
 
 
@@ -277,3 +283,27 @@ def test_feature_scripts_at_two_processes_end_where_one_ends(tmp_path, at_two_pr
         assert two["eval_ids"] == acc["eval_ids"] == list(range(37))
     if name == "gradient_accumulation":
         assert two["optimizer_steps"] == acc["optimizer_steps"] == 9
+
+
+@pytest.mark.slow  # four script launches (~15 s each)
+@pytest.mark.proc
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_local_sgd_follows_accelerates_own_trajectory(tmp_path, nproc):
+    """Accelerate's by_feature/local_sgd.py form (ports/local_sgd.py), in dataset order: mmvl's run and
+    Accelerate's give every process the same parameter sum after every batch and the same final
+    weights: bitwise at 1 process (LocalSGD off), to 1e-6 relative at 2 (averaged every 5 batches)."""
+    args = ["--batch_size", str(8 // nproc), "--local_sgd_steps", "5", "--cpu", "--no_shuffle", "--output_dir"]
+    run(ported(PORTS / "local_sgd.py", tmp_path / "port"), *args, str(tmp_path / "mmvl"), nproc=nproc)
+    run(PORTS / "local_sgd.py", *args, str(tmp_path / "acc"), nproc=nproc)
+    (mine, my_model), (acc, acc_model) = _outcome(tmp_path / "mmvl"), _outcome(tmp_path / "acc")
+    assert mine["orders"] == acc["orders"] and mine["eval_total"] == acc["eval_total"]
+    assert my_model.keys() == acc_model.keys()
+    if nproc == 1:
+        assert mine["sums"] == acc["sums"]
+        assert all(torch.equal(my_model[k], v) for k, v in acc_model.items())
+        return
+    averaged = [i for i, s in enumerate(mine["sums"]) if s[0] == s[1]]
+    assert averaged[:2] == [4, 9] and len(averaged) < len(mine["sums"]) // 2  # apart between averages
+    torch.testing.assert_close(torch.tensor(mine["sums"]), torch.tensor(acc["sums"]), rtol=1e-6, atol=0)
+    for key, value in acc_model.items():
+        torch.testing.assert_close(my_model[key], value, rtol=1e-6, atol=1e-7, msg=key)
