@@ -73,8 +73,13 @@ def build_model(config: DictConfig, builders: dict[str, DatasetBuilder],
     model = cls(model_cfg)
     adapted = apply_lora(model, model_cfg.get("lora"), name)  # adapters in, their parts' own weights frozen
     freeze_model(model, name, model_cfg.get("freeze"), adapted)
-    if checkpointing and config.training.get("gradient_checkpointing"):
-        model.enable_gradient_checkpointing()
+    if config.training.get("gradient_checkpointing"):
+        if not model.checkpointable():
+            raise UserError(f"training.gradient_checkpointing=true, but model {name} has nothing to recompute (no "
+                            "shard_units() and no enable_gradient_checkpointing() of its own); set "
+                            "training.gradient_checkpointing=false.")
+        if checkpointing:
+            model.enable_gradient_checkpointing()
     return model
 
 

@@ -20,6 +20,7 @@ import torch
 from omegaconf import DictConfig
 
 from mmvl.errors import UserError
+from mmvl.utils.checkpointing import checkpoint_each
 
 #: the part every model with a ``HEAD`` offers: all parameters outside the head
 BASE_PART = "base"
@@ -44,7 +45,17 @@ class BaseModel(torch.nn.Module):
         raise NotImplementedError
 
     def enable_gradient_checkpointing(self) -> None:
-        """Turn on activation checkpointing in the model's encoders (``training.gradient_checkpointing``)."""
+        """Turn on activation checkpointing in the model's encoders (``training.gradient_checkpointing``
+        in one process; under fsdp the strategy checkpoints :meth:`shard_units`). This default
+        checkpoints the shard units, the modules fsdp would: a model overrides it to use its
+        encoders' own switches (transformers' layers, timm's)."""
+        checkpoint_each(self.shard_units())
+
+    def checkpointable(self) -> bool:
+        """Whether ``training.gradient_checkpointing`` has anything to recompute here: shard units,
+        or a switch of the model's own."""
+        own = type(self).enable_gradient_checkpointing is not BaseModel.enable_gradient_checkpointing
+        return own or bool(self.shard_units())
 
     def lr_multipliers(self) -> dict[str, float]:
         """Parameter-name prefix -> multiple of ``optimizer.params.lr`` (e.g. ``{"bert": 0.1}``).

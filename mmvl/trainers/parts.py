@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -27,16 +28,20 @@ from mmvl.data.sample import DevicePrefetcher
 from mmvl.data.shard_stream import train_stream
 from mmvl.distributed.env import DistEnv
 from mmvl.engine import Engine
+from mmvl.engine.prepared import inner
 from mmvl.errors import UserError
 from mmvl.locks import lock_dir
 from mmvl.losses import build_losses
 from mmvl.metrics import build_metrics
 from mmvl.optim import build_optimizer, build_scheduler, optimizer_section, scheduler_section
+from mmvl.optim.footprint import footprint_line
 from mmvl.trainers.contrastive_step import uses_cached_contrast
 from mmvl.trainers.evaluation import prepare_split
 from mmvl.trainers.resume import load_pretrained
 from mmvl.utils.logger import setup_logging
 from mmvl.utils.rng import seed_everything
+
+log = logging.getLogger("mmvl")
 
 
 @dataclasses.dataclass
@@ -88,6 +93,7 @@ def build_parts(config: Any, env: DistEnv | None = None) -> RunParts:
     optimizer = build_optimizer(model, optimizer_section(config), env.device, batch_size=int(t.batch_size),
                                 config=config)
     model, optimizer = engine.prepare(model, optimizer)
+    log.info(footprint_line(model, inner(optimizer)))  # after sharding: what each rank holds
     metrics = {name: build_metrics(list(b.config.get("metrics") or []) + list(config.evaluation.get("metrics") or []))
                for name, b in builders.items()}
     check_metrics(config, engine.unwrap_model(model), builders, metrics, losses, engine.strategy.name)

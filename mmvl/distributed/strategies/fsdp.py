@@ -17,6 +17,7 @@ import torch
 from mmvl.distributed.strategies.base import Strategy
 from mmvl.errors import UserError
 from mmvl.registry import register_strategy
+from mmvl.utils.checkpointing import checkpoint_each
 
 log = logging.getLogger("mmvl")
 
@@ -91,10 +92,7 @@ class FSDPStrategy(Strategy):
     def _checkpoint_activations(model: torch.nn.Module, units: list[torch.nn.Module]) -> None:
         """Recompute each shard unit's activations in backward (the model's own switch without units)."""
         if units:
-            from torch.distributed._composable import checkpoint
-
-            for unit in units:
-                checkpoint(unit)
+            checkpoint_each(units)
         elif hasattr(model, "enable_gradient_checkpointing"):
             model.enable_gradient_checkpointing()
 
