@@ -147,14 +147,15 @@ def _evaluate_dataset(trainer: Any, name: str, builder: Any, split: str) -> dict
 class _Decoding:
     """A generative model's decoding during evaluation: with the model's ``generate`` (the KV cache,
     its ``generation`` settings, under autocast), for the rows the generation metrics score (the
-    split's first ``evaluation.generate_max_samples`` in dataset order, the same at any world size;
-    null: all) or, when predictions are written, for every row (the file holds the whole split)."""
+    split's first ``evaluation.generate_max_samples`` in dataset order, the same at any world size, in
+    the evaluations during training; every row in the others and with the cap null) or, when
+    predictions are written, for every row (the file holds the whole split)."""
 
     def __init__(self, trainer: Any, builder: Any, total: int, metrics: list[Metric]):
         self.engine = trainer.engine
         self.generate = getattr(trainer.engine.unwrap_model(trainer.model), "generate", None)
         self.scoring = any(m.generates for m in metrics)
-        cap = trainer.config.evaluation.get("generate_max_samples")
+        cap = trainer.config.evaluation.get("generate_max_samples") if trainer.state.fitting else None
         self.total, self.limit = total, total if cap is None else min(int(cap), total)
 
     def rows(self, seen: int, size: int, valid: int, env: Any) -> int:
@@ -173,7 +174,8 @@ class _Decoding:
 
     def log_cap(self, what: str, active: list[Metric], main: bool) -> None:
         if main and self.limit < self.total and any(m.generates for m in active):
-            log.info("%s: the generation metrics scored the first %d of %d samples (evaluation.generate_max_samples)",
+            log.info("%s: the generation metrics scored the first %d of %d samples (evaluation.generate_max_samples, "
+                     "during training)",
                      what, self.limit, self.total)
 
 

@@ -61,6 +61,8 @@ class TrainerState:
     #: the update of the latest checkpoint (-1: none yet)
     last_saved: int = -1
     best: Best = dataclasses.field(default_factory=Best)
+    #: inside ``fit()``: evaluations then are the periodic ones (``evaluation.generate_max_samples`` caps them)
+    fitting: bool = False
 
     @property
     def is_best(self) -> bool:

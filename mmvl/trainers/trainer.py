@@ -105,18 +105,22 @@ class Trainer:
     def fit(self) -> None:
         self.model.train()
         state = self.state
-        self.dispatch("on_train_start")
-        while state.update < state.max_updates and not state.should_stop:
-            self.dispatch("on_update_start")
-            info = self.train_step()
-            state.update += 1
-            state.epoch = self.epoch
-            self.best_tracker.saw_losses(info["losses"])
-            if state.update % self.log_interval == 0 or state.update >= state.max_updates:
-                self.settle()
-            self.dispatch("on_update_end", info)
-        self.settle()
-        self.dispatch("on_train_end")
+        state.fitting = True
+        try:
+            self.dispatch("on_train_start")
+            while state.update < state.max_updates and not state.should_stop:
+                self.dispatch("on_update_start")
+                info = self.train_step()
+                state.update += 1
+                state.epoch = self.epoch
+                self.best_tracker.saw_losses(info["losses"])
+                if state.update % self.log_interval == 0 or state.update >= state.max_updates:
+                    self.settle()
+                self.dispatch("on_update_end", info)
+            self.settle()
+            self.dispatch("on_train_end")
+        finally:
+            state.fitting = False
 
     def train_step(self) -> dict[str, Any]:
         """One optimizer update over ``gradient_accumulation`` micro-batches (no wait on the device).
@@ -316,6 +320,8 @@ def run(config: DictConfig) -> dict[str, Any]:
         if split in run_type:
             last = state.last_eval
             fresh = last is not None and last.update == state.update and last.split == split
+            # a capped generation score during training is not the split's: score all of it now
+            fresh = fresh and trainer.config.evaluation.get("generate_max_samples") is None
             results[split] = last.results if fresh else trainer.evaluate(split)
     results["updates"] = state.update
     return results

@@ -47,7 +47,7 @@ def _clip(save: str, data: str) -> list[str]:
             h + "processors.text_processor={type: bert_tokenizer, params: {tokenizer_path: minilm, max_seq_length: 16}}",
             h + "image_size=32", h + "metrics=[{type: retrieval, params: {k: [1]}}]",
             f"env.save_dir={save}", f"env.data_dir={data}/cache", "model_config.clip.text_encoder.layers=2",
-            "optimizer.type=sgd", "optimizer.params={lr: 0.1, momentum: 0.9}", "scheduler.type=null", *COMMON]
+            "optimizer.type=sgd", "optimizer.params={lr: 0.01, momentum: 0.9}", "scheduler.type=null", *COMMON]
 
 
 OPTS = {"vlm": _vlm, "clip": _clip}

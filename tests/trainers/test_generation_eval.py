@@ -46,21 +46,26 @@ def _decode_directly(trainer: Trainer, n: int) -> tuple[dict, dict]:
     return dict(enumerate(texts)), {i: [a] for i, a in enumerate(batch["answer"])}
 
 
-def test_evaluation_scores_the_first_n_decoded_samples(data, tmp_path):
+def _expected(trainer, n: int) -> dict[str, float]:
+    candidates, references = _decode_directly(trainer, n)
+    return {"generated_vqa_accuracy": vqa_accuracy(candidates, references), **caption_scores(candidates, references)}
+
+
+def test_evaluation_during_training_scores_the_first_n_decoded_samples_and_after_it_all(data, tmp_path):
     cap = 5
     config = load_config(opts(data, tmp_path / "save", f"evaluation.metrics=[{', '.join(GENERATION)}]",
                               f"evaluation.generate_max_samples={cap}", "training.max_updates=3"))
     trainer = Trainer(config)
-    trainer.fit()
-    results = trainer.evaluate("val")[NAME]
-    candidates, references = _decode_directly(trainer, cap)
-    expected = {"generated_vqa_accuracy": vqa_accuracy(candidates, references), **caption_scores(candidates, references)}
-    assert {k: results[k] for k in GENERATION} == pytest.approx(expected)
-    assert "answer_tokens" in results and len(trainer.builders[NAME].build("val")) > cap  # the loss: every sample
-    log = (tmp_path / "save" / "train.log").read_text()
-    assert f"scored the first {cap} of 12 samples (evaluation.generate_max_samples)" in log
+    trainer.fit()  # its last update evaluates val: the periodic evaluation, capped
     rows = [json.loads(line) for line in (tmp_path / "save" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["generated_vqa_accuracy"] for r in rows if r.get("split") == "val"] != []  # the end-of-run evaluation
+    during, = [r for r in rows if r.get("split") == "val"]
+    assert {k: during[k] for k in GENERATION} == pytest.approx(_expected(trainer, cap))
+    assert "answer_tokens" in during and len(trainer.builders[NAME].build("val")) == 12 > cap  # the loss: all
+    log = (tmp_path / "save" / "train.log").read_text()
+    assert f"scored the first {cap} of 12 samples (evaluation.generate_max_samples, during training)" in log
+    after = trainer.evaluate("val")[NAME]  # after training (run_type val, test): the whole split
+    assert {k: after[k] for k in GENERATION} == pytest.approx(_expected(trainer, 12))
+    assert (tmp_path / "save" / "train.log").read_text().count("scored the first") == 1  # no cap after training
 
 
 def test_best_checkpoint_is_the_best_generated_score(data, tmp_path):
@@ -89,7 +94,9 @@ def _evaluate_at(env, data: str, root: str, ckpt: str, cap: int) -> dict:
     config = load_config(opts(Path(data), Path(root) / "save", "run_type=val", f"checkpoint.resume_file={ckpt}",
                               f"evaluation.metrics=[{', '.join(GENERATION)}]", f"evaluation.generate_max_samples={cap}",
                               "distributed.strategy=ddp", "checkpoint.resume_pretrained=true"))
-    return Trainer(config, env=env).evaluate("val")[NAME]
+    trainer = Trainer(config, env=env)
+    trainer.state.fitting = True  # as an evaluation during training sees it: the cap applies
+    return trainer.evaluate("val")[NAME]
 
 
 @pytest.mark.proc  # 2 spawned gloo ranks
@@ -103,7 +110,9 @@ def test_two_ranks_score_what_one_process_scores(data, tmp_path, cap):
     cap_opt = "null" if cap is None else cap
     one = Trainer(load_config(opts(data, tmp_path / "one", "run_type=val", f"checkpoint.resume_file={ckpt}",
                                    f"evaluation.metrics=[{', '.join(GENERATION)}]", "checkpoint.resume_pretrained=true",
-                                   f"evaluation.generate_max_samples={cap_opt}"))).evaluate("val")[NAME]
+                                   f"evaluation.generate_max_samples={cap_opt}")))
+    one.state.fitting = True
+    one = one.evaluate("val")[NAME]
     ranks = launch(_evaluate_at, world_size=2, args=(str(data), str(tmp_path / "two"), ckpt, cap_opt), timeout=300)
     for rank in ranks:
         assert {k: rank[k] for k in GENERATION} == {k: one[k] for k in GENERATION}
@@ -129,3 +138,15 @@ def test_generation_metrics_need_a_generating_model_a_text_dataset_and_no_fsdp()
     check_metrics(config, Generates(), {"d": text}, metrics, [], "ddp")
     with pytest.raises(UserError, match="distributed.strategy=ddp"):
         check_metrics(config, Generates(), {"d": text}, metrics, [], "fsdp")
+
+
+def test_a_train_val_run_ends_with_the_whole_split_scored(data, tmp_path):
+    """The last update's periodic val is capped; run_type's val stage scores all 12 again, last."""
+    save = tmp_path / "save"
+    assert main(opts(data, save, f"evaluation.metrics=[{', '.join(GENERATION)}]", "evaluation.generate_max_samples=5",
+                     "training.max_updates=2", "run_type=train_val")) == 0
+    rows = [json.loads(line) for line in (save / "metrics.jsonl").read_text().splitlines()]
+    val = [r for r in rows if r.get("split") == "val"]
+    assert [r["update"] for r in val] == [2, 2]
+    log = (save / "train.log").read_text()
+    assert log.count("scored the first 5 of 12 samples") == 1
