@@ -7,15 +7,23 @@ pinning, ``drop_last``) around a sharded form of *its own* sampler or batch samp
 how it is divided between the processes is :mod:`mmvl.engine.shards`' (Accelerate's: one step's
 batches over the ranks, concatenated, are the single-process run's batch of W times the size).
 
-Resuming: each epoch's order is drawn from the user sampler's own ``generator`` when it has one (as
-a plain DataLoader draws, rank 0's state given to every rank), its state at the epoch's start kept
-in the loader's state; otherwise the order is a function of (seed, epoch) only. So the state is
-``{epoch, batch, seed[, generator]}`` and a resume re-derives the epoch's order and skips the
-consumed batches without reading them. Worker seeds come from the loader's own generator re-seeded
-per (seed, epoch, rank).
+The random draws are Accelerate's, so a script ported from it sees the same batches in the same
+order for the same seed. Each epoch starts as a plain DataLoader's does: the loader's base seed is
+drawn (from its ``generator``, else torch's global RNG), then the sampler's order. In one process a
+shuffling sampler without a ``generator`` draws its order from the global RNG, as a plain loader's
+``RandomSampler`` does. At several processes ``prepare`` gives such a sampler a ``generator``, seeded
+by one draw of the global RNG, and every epoch draws from rank 0's state of it, so the ranks agree
+(a sampler without a ``generator`` attribute draws from (seed, epoch) only, the same on every rank).
+
+Resuming: the states those draws started from at the epoch's start (the user generators' and the
+global RNG's) are kept in the loader's state, so the state is ``{epoch, batch, seed[, generators,
+global_rng]}`` and a resume re-derives the epoch's order from them, without drawing again, and skips
+the consumed batches without reading them. Worker seeds come from the loader's own generator
+re-seeded per (seed, epoch, rank).
 """
 from __future__ import annotations
 
+import contextlib
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, Iterator
 
@@ -78,12 +86,15 @@ class PreparedLoader(DeviceLoader):
             sampler = loader.sampler
             if config.use_seedable_sampler:
                 sampler = seedable(sampler, self.seed)
+            else:
+                _give_a_generator(_sampler_of(loader), world)
             if loader.batch_size is not None:  # batch_size=...: its sampler in batches, as the loader cuts it
                 source: Any = BatchSampler(sampler, loader.batch_size, loader.drop_last)
             else:
                 source = sampler if sampler_batches else loader.batch_sampler
             self.shard = RankBatches(source, rank, world, split, even, self.seed,
-                                     whole_steps=loader.batch_size is not None and loader.drop_last)
+                                     whole_steps=loader.batch_size is not None and loader.drop_last,
+                                     global_rng=world == 1)
             if sampler_batches:
                 built = DataLoader(loader.dataset, sampler=self.shard, batch_size=None, **common)
             else:
@@ -92,6 +103,7 @@ class PreparedLoader(DeviceLoader):
         self.epoch, self.batch = 0, 0
         self._pending, self._started = False, False
         self._generator_state: tuple[int, list[torch.Tensor]] | None = None  # (epoch, states it draws from)
+        self._global_state: tuple[int, torch.Tensor] | None = None  # (epoch, global RNG state at its start)
         #: the batch just yielded is the epoch's last / holds this many real samples over all ranks
         self.end_of_epoch, self.real_in_batch = False, None
 
@@ -128,6 +140,9 @@ class PreparedLoader(DeviceLoader):
             recorded = self._generator_state
             in_epoch = recorded is not None and recorded[0] == self.epoch and (self._started or self._pending)
             state["generators"] = recorded[1] if in_epoch else [g.get_state() for g in generators]
+        recorded_global = self._global_state
+        if recorded_global is not None and recorded_global[0] == self.epoch and (self._started or self._pending):
+            state["global_rng"] = recorded_global[1]  # between epochs the next one draws afresh
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -136,14 +151,34 @@ class PreparedLoader(DeviceLoader):
         self.shard.seed = self.seed
         if state.get("generators") is not None:
             self._generator_state = (self.epoch, list(state["generators"]))
+        self._global_state = (self.epoch, state["global_rng"]) if state.get("global_rng") is not None else None
         self._pending, self._started = True, False
 
     def _batches_in_epoch(self) -> int | None:
         return None if self.iterable else self.shard.steps()
 
+    def _start_epoch(self) -> None:
+        """The draws that start an epoch, in a plain DataLoader's order: rank 0's generator states
+        to every rank, the loader's base seed (from its generator, else the global RNG), then the
+        order. A resumed epoch replays them from the states recorded at its start, the global RNG
+        left as the checkpoint restored it (after those draws)."""
+        recorded = self._global_state
+        resumed = self._pending and recorded is not None and recorded[0] == self.epoch
+        with torch.random.fork_rng(devices=[]) if resumed else contextlib.nullcontext():
+            if resumed:
+                torch.set_rng_state(recorded[1])
+            else:
+                self._global_state = (self.epoch, torch.get_rng_state())
+            self._prepare_generators()
+            base = self.user_loader.generator
+            torch.empty((), dtype=torch.int64).random_(generator=base if isinstance(base, torch.Generator) else None)
+            if self.iterable:
+                self.shard.skip = self.batch
+            else:
+                self.shard.set_epoch(self.epoch, start=self.batch)
+
     def _prepare_generators(self) -> None:
-        """Every rank draws this epoch from rank 0's generator states (restored for a resumed
-        epoch), and the loader's generator gives its base seed first, as a plain DataLoader's does."""
+        """Every rank draws this epoch from rank 0's generator states (restored for a resumed epoch)."""
         generators = self._generators()
         if not generators:
             return
@@ -157,8 +192,6 @@ class PreparedLoader(DeviceLoader):
             self._generator_state = (self.epoch, states)
         for generator, state in zip(generators, states):
             generator.set_state(state)
-        if isinstance(self.user_loader.generator, torch.Generator):
-            torch.empty((), dtype=torch.int64).random_(generator=self.user_loader.generator)
 
     # -- iteration --------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
@@ -172,12 +205,8 @@ class PreparedLoader(DeviceLoader):
             raise UserError(f"the loader's position (batch {self.batch} of epoch {self.epoch}) is past the end of "
                             f"its epoch ({total} batches); the data or batch size changed since save_state.")
         self._pending = resumed
-        self._prepare_generators()
+        self._start_epoch()
         self._pending, self._started = False, True
-        if self.iterable:
-            self.shard.skip = self.batch
-        else:
-            self.shard.set_epoch(self.epoch, start=self.batch)
         self._worker_generator.manual_seed(worker_seed(self.seed, self.epoch, self.engine.rank))
         state = self.engine.gradient_state
         state._add_dataloader(self)
@@ -234,6 +263,21 @@ class SkippedLoader:
 
 
 _END = object()
+
+
+def _sampler_of(loader: DataLoader) -> Any:
+    """The sampler inside the loader's batch sampler (Accelerate's ``get_sampler``)."""
+    if isinstance(loader.sampler, BatchSampler):
+        return getattr(loader.sampler, "sampler", None)
+    return getattr(loader.batch_sampler, "sampler", None)
+
+
+def _give_a_generator(sampler: Any, world: int) -> None:
+    """At several processes a sampler that can take a ``generator`` and has none gets one, seeded by
+    one draw of the global RNG (Accelerate's ``prepare_data_loader``): its draws are then rank 0's."""
+    if world > 1 and sampler is not None and hasattr(sampler, "generator") and sampler.generator is None:
+        sampler.generator = torch.Generator()
+        sampler.generator.manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
 
 
 def prepare_data_loader(dataloader: DataLoader, device: Any = None, num_processes: int | None = None,

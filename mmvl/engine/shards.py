@@ -51,18 +51,20 @@ def seedable(sampler: Any, seed: int) -> Any:
                                  num_samples=sampler._num_samples, generator=sampler.generator, data_seed=seed)
 
 
-def draw(source: Any, seed: int, epoch: int) -> list[Any]:
+def draw(source: Any, seed: int, epoch: int, global_rng: bool = False) -> list[Any]:
     """One epoch of ``source`` (a batch sampler), the same on every rank.
 
     A sampler with a ``set_epoch`` is told the epoch; one with its own ``generator`` draws from it
     as a plain DataLoader would (the caller makes the ranks' generators agree and keeps the state
-    for a resume); without one the order is a function of (seed, epoch) only, drawn without
+    for a resume). Without one it draws from torch's global RNG with ``global_rng`` (one process:
+    a plain DataLoader's and Accelerate's order; the caller keeps that RNG's state at the epoch's
+    start for a resume), else its order is a function of (seed, epoch) only, drawn without
     touching the run's RNG.
     """
     for part in (source, getattr(source, "sampler", None)):
         if callable(getattr(part, "set_epoch", None)):
             part.set_epoch(epoch)
-    if isinstance(getattr(getattr(source, "sampler", source), "generator", None), torch.Generator):
+    if global_rng or isinstance(getattr(getattr(source, "sampler", source), "generator", None), torch.Generator):
         return list(iter(source))
     with torch.random.fork_rng(devices=[]):
         # the CPU generator only (what samplers draw from), restored on leaving
@@ -124,7 +126,7 @@ class RankBatches(Sampler[list[Any]]):
     ``batch_sampler`` is the user's (or that ``BatchSampler``), as Accelerate's shard names it."""
 
     def __init__(self, batch_sampler: Any, rank: int, world: int, split: bool, even: bool, seed: int,
-                 whole_steps: bool = False):
+                 whole_steps: bool = False, global_rng: bool = False):
         self.batch_size = getattr(batch_sampler, "batch_size", None)
         if split and world > 1 and self.batch_size is not None and self.batch_size % world:
             raise UserError(f"split_batches=True with batch_size={self.batch_size} at {world} processes: the batch "
@@ -133,6 +135,7 @@ class RankBatches(Sampler[list[Any]]):
         #: fill the epoch's end from its start (read at each epoch: join_uneven_inputs may change it)
         self.even_batches = even
         self.seed, self.whole_steps = seed, whole_steps  # whole_steps: drop_last drops a partial step too
+        self.global_rng = global_rng  # a sampler without a generator draws from torch's global RNG
         self.epoch, self.start = 0, 0
         self._batches: list[list[Any]] | None = None
         self.real: list[int | None] = []
@@ -149,7 +152,7 @@ class RankBatches(Sampler[list[Any]]):
 
     def set_epoch(self, epoch: int, start: int = 0) -> None:
         self.epoch, self.start = epoch, start
-        batches = self._global(draw(self.batch_sampler, self.seed, epoch))
+        batches = self._global(draw(self.batch_sampler, self.seed, epoch, self.global_rng))
         self._batches, self.real = layout(batches, self.batch_size, self.rank, self.world, self.split,
                                           self.even_batches)
 
