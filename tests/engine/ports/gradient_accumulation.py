@@ -38,7 +38,7 @@ def training_function(config, args):
         starting_epoch = resume_step // len(train_dataloader)
         overall_step = resume_step
         resume_step -= starting_epoch * len(train_dataloader)
-    orders, optimizer_steps = [], 0
+    orders, sums, optimizer_steps = [], [], 0
     for epoch in range(starting_epoch, config["num_epochs"]):
         model.train()
         seen = []
@@ -56,6 +56,7 @@ def training_function(config, args):
                 optimizer.zero_grad()
             optimizer_steps += int(accelerator.sync_gradients)
             seen.append(accelerator.gather(ids).tolist())
+            sums.append(sum(p.detach().double().sum() for p in model.parameters()).item())  # the trajectory
             overall_step += 1
             # at an update only: the gradients accumulated in between are not part of the state
             if accelerator.sync_gradients and args.checkpointing_steps and overall_step % args.checkpointing_steps == 0:
@@ -75,7 +76,7 @@ def training_function(config, args):
     if accelerator.is_main_process:
         os.makedirs(args.output_dir, exist_ok=True)
         with open(os.path.join(args.output_dir, "result.json"), "w") as f:
-            json.dump({"orders": orders, "accuracy": correct / total, "eval_total": total,
+            json.dump({"orders": orders, "sums": sums, "accuracy": correct / total, "eval_total": total,
                        "optimizer_steps": optimizer_steps}, f)
     accelerator.save(accelerator.unwrap_model(model).state_dict(), os.path.join(args.output_dir, "model.pt"))
     accelerator.end_training()

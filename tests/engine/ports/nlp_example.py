@@ -47,7 +47,7 @@ def training_function(args):
         starting_epoch = resume_step // len(train_dataloader)
         overall_step = resume_step
         resume_step -= starting_epoch * len(train_dataloader)
-    orders, accuracy = [], 0.0
+    orders, sums, accuracy = [], [], 0.0
     for epoch in range(starting_epoch, args.epochs):
         model.train()
         seen = []
@@ -62,6 +62,7 @@ def training_function(args):
             optimizer.step()
             optimizer.zero_grad()
             seen.append(accelerator.gather(ids).tolist())
+            sums.append(sum(p.detach().double().sum() for p in model.parameters()).item())  # the trajectory
             overall_step += 1
             if args.checkpointing_steps and overall_step % args.checkpointing_steps == 0:
                 accelerator.save_state(os.path.join(args.output_dir, f"step_{overall_step}"))
@@ -81,7 +82,7 @@ def training_function(args):
     if accelerator.is_main_process:
         os.makedirs(args.output_dir, exist_ok=True)
         with open(os.path.join(args.output_dir, "result.json"), "w") as f:
-            json.dump({"orders": orders, "accuracy": accuracy, "eval_total": total,
+            json.dump({"orders": orders, "sums": sums, "accuracy": accuracy, "eval_total": total,
                        "distributed": str(accelerator.distributed_type != DistributedType.NO)}, f)
     accelerator.save(accelerator.unwrap_model(model).state_dict(), os.path.join(args.output_dir, "model.pt"))
     accelerator.end_training()
