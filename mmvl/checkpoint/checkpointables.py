@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, Callable
 
-from mmvl.checkpoint.schema import FORMAT, KEYS, stamp
+from mmvl.checkpoint.schema import FORMAT, KEYS, LATE_KEYS, stamp
 from mmvl.errors import UserError
 
 
@@ -52,9 +52,9 @@ class Checkpointables:
         self._objects.pop(name, None)
 
     def claim(self, name: str) -> Any:
-        """The entry ``name`` of the last loaded state that no checkpointable had then (None if
-        none): an object made after the load (a ``LocalSGD`` block opened after ``load_state``)
-        takes its state this way, once."""
+        """The entry ``name`` (one of the schema's ``LATE_KEYS``) of the last loaded state that no
+        checkpointable had then (None if none): an object made after the load (a ``LocalSGD``
+        block opened after ``load_state``) takes its state this way, once."""
         return self._unclaimed.pop(name, None)
 
     def __contains__(self, name: str) -> bool:
@@ -80,7 +80,7 @@ class Checkpointables:
         it as it is (a sharded checkpoint's model, an fp32 checkpoint's scaler, a reset data
         position). Returns the names that found no entry."""
         skipped, absent = set(skip), []
-        self._unclaimed = {k: v for k, v in state.items() if k not in self._objects and k != FORMAT}
+        self._unclaimed = {k: state[k] for k in LATE_KEYS if k in state and k not in self._objects}
         for name in self.names():
             if name in skipped:
                 continue

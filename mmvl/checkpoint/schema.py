@@ -45,6 +45,9 @@ CALLBACKS = "callbacks"
 EMA = "ema"
 #: only while a ``LocalSGD`` block is open (loaded after the model and optimizer it overrides per rank)
 LOCAL_SGD = "local_sgd"
+#: entries whose owner may be made after a load (a ``LocalSGD`` block opened after ``load_state``): a
+#: load keeps them until that owner claims them (:meth:`mmvl.checkpoint.Checkpointables.claim`)
+LATE_KEYS = (LOCAL_SGD,)
 CONFIG = "config"
 FORMAT = "format"
 #: the built-in keys in the order they are loaded (the model before the optimizer that refers to it)

@@ -90,8 +90,7 @@ class LocalSGD:
 
     def state_dict(self) -> dict[str, Any]:
         """The step count and, rank by rank, the parameters and optimizer state."""
-        return {"num_steps": self.num_steps, "local_sgd_steps": self.local_sgd_steps,
-                "ranks": comm.all_gather_object(self._own())}
+        return {"num_steps": self.num_steps, "ranks": comm.all_gather_object(self._own())}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """This rank's parameters and optimizer state back, and the count; saved at the same world size."""

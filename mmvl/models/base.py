@@ -20,6 +20,7 @@ import torch
 from omegaconf import DictConfig
 
 from mmvl.errors import UserError
+from mmvl.models.modules.lora import is_adapter
 from mmvl.utils.checkpointing import checkpoint_each
 
 #: the part every model with a ``HEAD`` offers: all parameters outside the head
@@ -124,7 +125,7 @@ def trainable_summary(model: torch.nn.Module, frozen: list[str], adapted: list[s
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     notes = [f"frozen: {', '.join(frozen)}"] if frozen else []
     if adapted:
-        adapters = sum(p.numel() for n, p in model.named_parameters() if ".lora_" in f".{n}")
+        adapters = sum(p.numel() for n, p in model.named_parameters() if is_adapter(n))
         notes.append(f"LoRA on {', '.join(adapted)}: {adapters:,} adapter parameters")
     note = f" ({'; '.join(notes)})" if notes else ""
     return f"training {trainable:,} of {total:,} parameters{note}"

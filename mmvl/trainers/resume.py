@@ -281,13 +281,14 @@ def _load_pretrained(model: torch.nn.Module, path: str, mapping: dict[str, str])
                         f"(its top-level prefixes: {prefixes[:10]}); fix the checkpoint prefixes.")
     model_keys = [canonical_key(k) for k in model.state_dict()]
     mapped = onto_adapted({canonical_key(k): v for k, v in apply_state_mapping(weights, mapping).items()}, model_keys)
-    unexpected = [k for k in mapped if canonical_key(k) not in set(model_keys)]
+    known = set(model_keys)
+    unexpected = [k for k in mapped if k not in known]  # mapped keys are canonical already
     if unexpected:
         raise UserError(f"after checkpoint.pretrained_state_mapping, {len(unexpected)} keys of {path} are not in "
                         f"the model: {unexpected}; fix the mapping's model prefixes (model keys look like "
                         f"{model_keys[:3]}).")
     targets = [str(d or "").rstrip(".") for d in mapping.values()]
-    covered = {canonical_key(k) for k in mapped}
+    covered = set(mapped)
     missing = [k for k in model_keys if k not in covered and not is_adapter(k) and (not mapping or any(
         t and (k == t or k.startswith(t + ".")) for t in targets))]
     if missing:

@@ -71,7 +71,7 @@ def apply_lora(model: Any, spec: Mapping[str, Any] | None, name: str) -> list[st
                 peft.inject_adapter_in_model(config, module)
             adapters = 0
             for pname, p in module.named_parameters():
-                adapted = ADAPTER_MARK in f".{pname}"
+                adapted = is_adapter(pname)
                 p.requires_grad_(adapted)
                 adapters += p.numel() if adapted else 0
             if not adapters:
@@ -107,7 +107,7 @@ def adapter_tensors(state: Mapping[str, Any], prefix: str) -> dict[str, Any]:
     adapter's name (``q_proj.lora_A.default.weight`` -> ``q_proj.lora_A.weight``)."""
     out = {}
     for key, value in state.items():
-        if key.startswith(prefix + ".") and ADAPTER_MARK in key:
+        if key.startswith(prefix + ".") and is_adapter(key):
             inner = key[len(prefix) + 1:].replace(".default.", ".")
             out[f"base_model.model.{inner}"] = value.detach().cpu().contiguous()
     return out
