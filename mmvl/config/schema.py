@@ -82,6 +82,7 @@ class Training:
     pin_memory: Union[str, bool] = knob("auto", safe=True, choices=PIN_MEMORY)
     persistent_workers: bool = knob(True, safe=True)
     prefetch: bool = knob(True, safe=True)
+    group_by_length: bool = knob(False)
     max_updates: Optional[int] = knob(22000, safe=True, positive=True)
     max_epochs: Optional[float] = knob(None, safe=True, positive=True)
     log_interval: int = knob(100, safe=True)

@@ -7,6 +7,10 @@ each epoch re-arms the sampler and re-iterates the loader.
 Its rank split matches ``DistributedSampler`` (indices ``rank::world_size``),
 so a global batch at world size W holds the same samples as at world size 1.
 
+``training.group_by_length`` (LLaVA's ``group_by_modality_length``, Hugging Face's
+``group_by_length``): each global batch is drawn from samples of similar length, so a batch pads
+little; :func:`sample_lengths` reads the lengths a dataset declares.
+
 Every worker starts by freezing the objects it inherited (:func:`freeze_inherited`).
 """
 from __future__ import annotations
@@ -64,10 +68,14 @@ class ResumableSampler(Sampler[int]):
     """
 
     def __init__(self, size: int, *, shuffle: bool, seed: int, rank: int = 0,
-                 world_size: int = 1, drop_last: bool = False, tag_epoch: bool = False):
+                 world_size: int = 1, drop_last: bool = False, tag_epoch: bool = False,
+                 lengths: torch.Tensor | None = None, batch_size: int = 1):
         self.size, self.shuffle, self.seed = size, shuffle, seed
         self.rank, self.world_size, self.drop_last = rank, world_size, drop_last
         self.epoch, self.start, self.tag_epoch = 0, 0, tag_epoch
+        if lengths is not None and not (shuffle and drop_last):
+            raise ValueError("length grouping is for shuffled training orders (shuffle and drop_last)")
+        self.lengths, self.global_batch = lengths, batch_size * world_size  # lengths: group by length
 
     def set_epoch(self, epoch: int, start: int = 0) -> None:
         """Select ``epoch``; skip the first ``start`` indices of this rank's share."""
@@ -82,6 +90,8 @@ class ResumableSampler(Sampler[int]):
         w = self.world_size
         if self.drop_last:
             order = order[: self.size // w * w]
+            if self.lengths is not None:
+                order = group_by_length(order, self.lengths, self.global_batch, g)
         elif self.size % w:
             pad = math.ceil(self.size / w) * w - self.size
             order = torch.cat([order, order[:pad].repeat(math.ceil(pad / max(1, self.size)))[:pad]])
@@ -96,6 +106,41 @@ class ResumableSampler(Sampler[int]):
 
     def __len__(self) -> int:
         return max(0, self.per_rank() - self.start)
+
+
+#: global batches per window of the shuffled order that :func:`group_by_length` sorts
+GROUP_WINDOW = 50
+
+
+def group_by_length(order: torch.Tensor, lengths: torch.Tensor, global_batch: int,
+                    generator: torch.Generator) -> torch.Tensor:
+    """``order`` (shuffled) regrouped so that each run of ``global_batch`` positions holds samples
+    of similar length: every window of :data:`GROUP_WINDOW` global batches is sorted by length
+    (longest first) and cut into batches, then the epoch's batches are shuffled, so neither a
+    batch's place in the epoch nor its neighbours follow its length. The tail short of a whole
+    global batch stays last (the loader drops it). Only the order changes: every index is kept."""
+    whole = len(order) // global_batch * global_batch
+    head, tail = order[:whole], order[whole:]
+    window = global_batch * GROUP_WINDOW
+    parts = [part[torch.argsort(lengths[part], descending=True, stable=True)] for part in head.split(window)]
+    if not parts:
+        return order
+    batches = torch.cat(parts).view(-1, global_batch)
+    batches = batches[torch.randperm(len(batches), generator=generator)]
+    return torch.cat([batches.reshape(-1), tail])
+
+
+def sample_lengths(dataset: Dataset, name: str) -> torch.Tensor:
+    """The lengths ``dataset.sample_lengths()`` declares (about a sample's tokens, image tokens
+    included: only their order matters), one per sample, checked."""
+    declare = getattr(dataset, "sample_lengths", None)
+    if not callable(declare):
+        raise UserError(f"training.group_by_length=true, but dataset {name!r} declares no sample lengths; "
+                        "set training.group_by_length=false, or give its dataset a sample_lengths() method.")
+    lengths = torch.as_tensor(list(declare()), dtype=torch.long)
+    if lengths.dim() != 1 or len(lengths) != len(dataset):  # type: ignore[arg-type]
+        raise ValueError(f"{name}: sample_lengths() gave {tuple(lengths.shape)} for {len(dataset)} samples")  # type: ignore[arg-type]
+    return lengths
 
 
 class EpochTagged(Dataset):
@@ -169,12 +214,15 @@ class TrainStream(EpochStream):
 
     def __init__(self, dataset: Dataset, *, batch_size: int, collate_fn: Callable,
                  seed: int, rank: int, world_size: int, num_workers: int = 0,
-                 pin_memory: bool = False, persistent_workers: bool = False, name: str = "dataset"):
+                 pin_memory: bool = False, persistent_workers: bool = False, name: str = "dataset",
+                 group_by_length: bool = False):
         self.dataset, self.batch_size, self.collate_fn = dataset, batch_size, collate_fn
         self.seed, self.rank, self.num_workers, self.pin_memory = seed, rank, num_workers, pin_memory
         per_epoch = callable(getattr(dataset, "set_epoch", None))  # per-epoch sample randomness (e.g. masking)
+        lengths = sample_lengths(dataset, name) if group_by_length else None
         self.sampler = ResumableSampler(len(dataset), shuffle=True, seed=seed, rank=rank,
-                                        world_size=world_size, drop_last=True, tag_epoch=per_epoch)
+                                        world_size=world_size, drop_last=True, tag_epoch=per_epoch,
+                                        lengths=lengths, batch_size=batch_size)
         self._generator = torch.Generator()
         self.loader = DataLoader(EpochTagged(dataset) if per_epoch else dataset, batch_size=batch_size,
                                  sampler=self.sampler, collate_fn=collate_fn, num_workers=num_workers,

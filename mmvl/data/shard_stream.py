@@ -144,12 +144,16 @@ class ShardStream(EpochStream):
 
 def train_stream(dataset: Any, *, batch_size: int, collate_fn: Callable, seed: int, rank: int, world_size: int,
                  num_workers: int = 0, pin_memory: bool = False, persistent_workers: bool = False,
-                 name: str = "dataset") -> Any:
+                 name: str = "dataset", group_by_length: bool = False) -> Any:
     """The training stream for ``dataset``: a :class:`ShardStream` for shards (which collate in their
-    workers), else a :class:`~mmvl.data.loaders.TrainStream`."""
+    workers), else a :class:`~mmvl.data.loaders.TrainStream` (``group_by_length``: batches of
+    samples of similar length)."""
     if isinstance(dataset, ShardSource):
+        if group_by_length:
+            raise UserError(f"training.group_by_length=true, but dataset {name!r} streams shards, whose order "
+                            "each worker draws from its shard; set training.group_by_length=false.")
         return ShardStream(dataset, batch_size=batch_size, seed=seed, rank=rank, world_size=world_size,
                            num_workers=num_workers, pin_memory=pin_memory, persistent_workers=persistent_workers)
     return TrainStream(dataset, batch_size=batch_size, collate_fn=collate_fn, seed=seed, rank=rank,
                        world_size=world_size, num_workers=num_workers, pin_memory=pin_memory,
-                       persistent_workers=persistent_workers, name=name)
+                       persistent_workers=persistent_workers, name=name, group_by_length=group_by_length)

@@ -188,7 +188,7 @@ def training_stream(config: Any, engine: Engine, builders: Mapping[str, Any], ba
         b.build("train"), batch_size=batch_size, collate_fn=b.collate,
         seed=int(t.seed), rank=env.rank, world_size=env.world_size,
         num_workers=int(t.num_workers), pin_memory=resolve_pin_memory(t.pin_memory, env.device),
-        persistent_workers=bool(t.persistent_workers), name=name)
+        persistent_workers=bool(t.persistent_workers), name=name, group_by_length=bool(t.group_by_length))
         for name, b in builders.items()}
     stream = next(iter(streams.values()))
     if len(streams) > 1:

@@ -138,3 +138,62 @@ def test_a_worker_collection_copies_nothing_inherited():
                                            world_size=1, num_workers=1) for c in b["copied_kb"]]
     assert max(copied) < 2048, copied  # without gc.freeze the first collection copies > 20 MB
     assert len(keep) == 200_000
+
+
+class Sized(Items):
+    """Items of declared lengths (``training.group_by_length``), sample i of length LENGTHS[i]."""
+
+    def __init__(self, n: int = 400) -> None:
+        self.lengths = torch.randint(1, 200, (n,), generator=torch.Generator().manual_seed(0)).tolist()
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def sample_lengths(self) -> list[int]:
+        return self.lengths
+
+
+def _grouped(dataset, batch: int = BATCH, rank: int = 0, world: int = 1, group: bool = True) -> TrainStream:
+    return TrainStream(dataset, batch_size=batch, collate_fn=collate, seed=3, rank=rank, world_size=world,
+                       name="sized", group_by_length=group)
+
+
+def test_group_by_length_pads_less_keeps_every_sample_and_resumes():
+    data = Sized()
+    padded = {}
+    for group in (True, False):
+        stream = _grouped(data, group=group)
+        epoch = _take(stream, stream.batches_per_epoch)
+        assert sorted(_order(epoch)) == sorted(_order(_take(_grouped(data, group=not group), stream.batches_per_epoch)))
+        padded[group] = sum(BATCH * max(data.lengths[i] for i in b["i"].tolist()) for b in epoch)
+        assert stream.state_dict() == {"epoch": 0, "batch": 100}
+    # random batches pad to about the longest of 4 draws; sorted windows of 50 batches to about their own length
+    assert padded[True] < 0.7 * padded[False]
+    stream = _grouped(data)
+    first, second = _order(_take(stream, 100)), _order(_take(stream, 100))
+    assert first != second  # epochs regroup a new order (100 batches an epoch)
+    state = {"epoch": 1, "batch": 37}
+    resumed = _grouped(data)
+    resumed.load_state_dict(state)
+    assert _order(_take(resumed, 10)) == second[37 * BATCH: 47 * BATCH]
+    lengths = [max(data.lengths[i] for i in second[k: k + BATCH]) for k in range(0, 100 * BATCH, BATCH)]
+    assert lengths != sorted(lengths, reverse=True)  # the batches are shuffled, not longest first
+
+
+def test_group_by_length_at_two_ranks_splits_the_one_process_batches():
+    data = Sized()
+    one = _take(_grouped(data, batch=2 * BATCH), 20)
+    ranks = [_take(_grouped(data, rank=r, world=2), 20) for r in (0, 1)]
+    for k in range(20):  # a global batch holds the same samples at world size 2 as at 1
+        assert sorted(ranks[0][k]["i"].tolist() + ranks[1][k]["i"].tolist()) == sorted(one[k]["i"].tolist())
+
+
+def test_group_by_length_needs_declared_lengths(tmp_path):
+    with pytest.raises(UserError, match="dataset 'sized' declares no sample lengths; set training.group_by_length=false"):
+        _grouped(Items())
+    from mmvl.data.shard_stream import ShardSource, train_stream
+
+    source = ShardSource.__new__(ShardSource)  # only its type is read before the refusal
+    with pytest.raises(UserError, match="dataset 'web' streams shards"):
+        train_stream(source, batch_size=2, collate_fn=collate, seed=1, rank=0, world_size=1, name="web",
+                     group_by_length=True)

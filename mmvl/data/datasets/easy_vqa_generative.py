@@ -92,6 +92,10 @@ class GenerativeEasyVQA(EasyVQADataset):
         item.update(answer=answer, question_type=int(self.types[index]))
         return item
 
+    def sample_lengths(self) -> list[int]:
+        """About each sample's tokens (``training.group_by_length``)."""
+        return [self.text_processor.length(pair, True) for pair in zip(self.questions, self.answers)]
+
 
 class ConversationEasyVQA(GenerativeEasyVQA):
     """``task: conversation``'s training items: one per image, its questions and answers as turns
@@ -109,6 +113,16 @@ class ConversationEasyVQA(GenerativeEasyVQA):
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
+
+    def sample_lengths(self) -> list[int]:
+        """About each conversation's tokens, all its turns (``training.group_by_length``): its length
+        in every epoch, whatever the order of its turns (``conversation_turns: sampled`` cuts it short
+        by a number drawn each epoch, which no fixed grouping follows)."""
+        if self.sampled:
+            raise UserError("training.group_by_length=true with easy_vqa_generative conversation_turns=sampled: "
+                            "a conversation's length is drawn anew each epoch; set one of them to its default.")
+        return [self.text_processor.length([text for r in rows.tolist() for text in (self.questions[r], self.answers[r])],
+                                           True) for rows in self.turns]
 
     def __len__(self) -> int:
         return len(self.turns)

@@ -89,6 +89,11 @@ class LlavaDataset(Dataset):
     def __len__(self) -> int:
         return len(self.records)
 
+    def sample_lengths(self) -> list[int]:
+        """About each conversation's tokens (``training.group_by_length``)."""
+        return [self.text_processor.length([t["content"] for t in json.loads(turns)], bool(image))
+                for turns, image in zip(self.records.column("turns"), self.records.column("image"))]
+
     def __getitem__(self, index: int) -> dict[str, Any]:
         sample, image = self.records.column("sample_id")[index], self.records.column("image")[index]
         turns = json.loads(self.records.column("turns")[index])

@@ -127,6 +127,13 @@ class PromptAnswerProcessor:
         template's end-of-turn token, else the tokenizer's eos."""
         return self.chat.end_id if self.chat is not None else int(self.tokenizer.eos_token_id)
 
+    def length(self, texts: Iterable[str], has_image: bool) -> int:
+        """About how many tokens a sample of these prompt and answer ``texts`` takes: its words, one
+        end token a text, the image tokens, held to ``max_length``. What ``training.group_by_length``
+        sorts by (only the order of lengths matters there, so no tokenizer runs)."""
+        words = sum(len(str(text).split()) + 1 for text in texts)
+        return min(self.max_length, words + self.image_tokens * bool(has_image) + 1)
+
     def decode(self, ids: list[int]) -> str:
         """Generated ids -> text (stopping at the end token)."""
         ids = list(ids)

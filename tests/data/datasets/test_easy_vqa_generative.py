@@ -122,3 +122,23 @@ def test_sampled_conversation_turns_draw_how_many_questions_each_epoch(tmp_path)
     assert counts == {1, 2}  # image 0 has two questions: one or both, drawn per epoch
     with pytest.raises(UserError, match="conversation_turns='some'; use all or sampled"):
         builder(write_root(tmp_path / "other"), task="conversation", conversation_turns="some")
+
+
+@pytest.mark.parametrize("task", ["conversation", "vqa"])
+def test_declared_lengths_follow_the_samples_tokens(tmp_path, task):
+    """What ``training.group_by_length`` sorts by: each sample's declared length is its real token
+    count within one end token a user turn (the estimate counts words, not tokens), and is held to max_length."""
+    b = builder(write_root(tmp_path), task=task, val_images=1, processors={"text_processor": {"params": {"max_length": 64}}})
+    train = b.build("train")
+    declared = train.sample_lengths()
+    real = [int(train[i]["attention_mask"].sum()) for i in range(len(train))]
+    turns = [int(train[i]["targets"].eq(b.text_processor.end_id).sum()) for i in range(len(train))]
+    assert len(declared) == len(train) and all(0 <= d - r <= t for d, r, t in zip(declared, real, turns))
+    short = builder(write_root(tmp_path / "short"), task=task, val_images=1,
+                    processors={"text_processor": {"params": {"max_length": 20}}}).build("train")
+    assert max(short.sample_lengths()) <= 20
+    if task == "conversation":  # a sampled conversation's length is drawn per epoch: no fixed grouping
+        sampled = builder(write_root(tmp_path / "sampled"), task=task, val_images=1,
+                          conversation_turns="sampled").build("train")
+        with pytest.raises(UserError, match="conversation_turns=sampled"):
+            sampled.sample_lengths()
