@@ -108,6 +108,8 @@ def test_trainer_reads_the_loader_keys(tmp_path):
                                                f"training.persistent_workers={str(persistent).lower()}")))
         assert trainer.train_data.loader.persistent_workers is persistent
         assert trainer.train_data.loader.pin_memory is False  # auto, on the CPU
+    with pytest.raises(UserError, match="training.group_by_length=true, but dataset 'toy' declares no sample lengths"):
+        Trainer(load_config(toy_opts(tmp_path / "grouped", "training.group_by_length=true")))
 
 
 def _private_dirty_kb() -> int:
