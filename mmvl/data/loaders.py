@@ -139,7 +139,8 @@ def sample_lengths(dataset: Dataset, name: str) -> torch.Tensor:
                         "set training.group_by_length=false, or give its dataset a sample_lengths() method.")
     lengths = torch.as_tensor(list(declare()), dtype=torch.long)
     if lengths.dim() != 1 or len(lengths) != len(dataset):  # type: ignore[arg-type]
-        raise ValueError(f"{name}: sample_lengths() gave {tuple(lengths.shape)} for {len(dataset)} samples")  # type: ignore[arg-type]
+        raise UserError(f"dataset {name!r}: sample_lengths() gave {tuple(lengths.shape)} lengths for "  # type: ignore[arg-type]
+                        f"{len(dataset)} samples; return one length a sample.")  # type: ignore[arg-type]
     return lengths
 
 

@@ -193,6 +193,10 @@ def test_group_by_length_at_two_ranks_splits_the_one_process_batches():
 def test_group_by_length_needs_declared_lengths(tmp_path):
     with pytest.raises(UserError, match="dataset 'sized' declares no sample lengths; set training.group_by_length=false"):
         _grouped(Items())
+    short = Sized()
+    short.sample_lengths = lambda: short.lengths[:-1]  # one length short of the 400 samples
+    with pytest.raises(UserError, match=r"dataset 'sized': sample_lengths\(\) gave \(399,\) lengths for 400 samples"):
+        _grouped(short)
     from mmvl.data.shard_stream import ShardSource, train_stream
 
     source = ShardSource.__new__(ShardSource)  # only its type is read before the refusal
