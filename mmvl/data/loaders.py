@@ -123,8 +123,6 @@ def group_by_length(order: torch.Tensor, lengths: torch.Tensor, global_batch: in
     head, tail = order[:whole], order[whole:]
     window = global_batch * GROUP_WINDOW
     parts = [part[torch.argsort(lengths[part], descending=True, stable=True)] for part in head.split(window)]
-    if not parts:
-        return order
     batches = torch.cat(parts).view(-1, global_batch)
     batches = batches[torch.randperm(len(batches), generator=generator)]
     return torch.cat([batches.reshape(-1), tail])
