@@ -42,6 +42,10 @@ from mmvl.registry import register_dataset
 SHAPES = ("circle", "rectangle", "triangle")
 COLOURS = ("red", "green", "blue", "black", "gray", "teal", "brown", "yellow")
 TASKS = ("vqa", "caption", "conversation")
+#: ``conversation_order``'s values: every turn in the epoch's order | yes/no turns first, then the open ones
+ORDERS = ("shuffled", "closed_first")
+#: easy-VQA's ``type`` of a yes/no question (``TYPE_NAMES[0]``)
+YES_NO = 0
 #: ``question_type`` of a caption sample (easy-VQA's question types are 0-2)
 CAPTION_TYPE = 3
 CAPTION = "the image shows a {colour} {shape}"
@@ -99,12 +103,20 @@ class GenerativeEasyVQA(EasyVQADataset):
 
 class ConversationEasyVQA(GenerativeEasyVQA):
     """``task: conversation``'s training items: one per image, its questions and answers as turns
-    (every answer labelled), their order a permutation seeded by the item and the epoch."""
+    (every answer labelled), their order a permutation seeded by the item and the epoch.
+
+    ``closed_first``: the yes/no turns come first (each group still in the epoch's order). An open
+    turn earlier in a conversation names the colour or shape (``what color is the shape?`` -> red,
+    ``what is the red shape?``), so a later ``is there a red shape?`` can be answered by matching
+    words in the history instead of the image; in easy-VQA's training set two thirds of the yes/no
+    questions about the image's colour have it named earlier when all turns are shuffled, a quarter
+    when the yes/no turns come first. Val and test ask each question alone, from the image."""
 
     def __init__(self, records: Table, pixels: Any, image_rows: np.ndarray, text_processor: Any,
-                 image_processor: Any, sampled: bool = False):
+                 image_processor: Any, sampled: bool = False, closed_first: bool = False):
         super().__init__(records, pixels, image_rows, text_processor, image_processor)
         self.sampled = sampled  # each epoch, the first k of the permuted turns, k drawn from 1..all
+        self.closed_first = closed_first
         order = np.lexsort((self.ids, self.image_ids))  # by image, then by question
         images = self.image_ids[order]
         starts = np.flatnonzero(np.r_[True, images[1:] != images[:-1]]) if len(images) else np.zeros(0, np.int64)
@@ -130,6 +142,8 @@ class ConversationEasyVQA(GenerativeEasyVQA):
     def __getitem__(self, index: int) -> dict[str, Any]:
         rng = np.random.default_rng([index, self.epoch])
         rows = self.turns[index][rng.permutation(len(self.turns[index]))]
+        if self.closed_first:  # a stable sort keeps each group's drawn order
+            rows = rows[np.argsort(np.asarray(self.types)[rows] != YES_NO, kind="stable")]
         if self.sampled:
             rows = rows[: int(rng.integers(1, len(rows) + 1))]
         turns = []
@@ -161,6 +175,9 @@ class EasyVQAGenerativeBuilder(GeneratesText, EasyVQABuilder):
         self.conversation_turns = str(self.cfg.get("conversation_turns") or "all")
         if self.conversation_turns not in ("all", "sampled"):
             raise UserError(f"{self.name}: conversation_turns={self.conversation_turns!r}; use all or sampled.")
+        self.conversation_order = str(self.cfg.get("conversation_order") or "shuffled")
+        if self.conversation_order not in ORDERS:
+            raise UserError(f"{self.name}: conversation_order={self.conversation_order!r}; use one of {', '.join(ORDERS)}.")
         self.caption_prompt = str(self.cfg.get("caption_prompt") or "")
         if self.task == "caption" and not self.caption_prompt.strip():
             raise UserError(f"{self.name}: caption_prompt is empty; give the prompt a caption follows "
@@ -191,5 +208,6 @@ class EasyVQAGenerativeBuilder(GeneratesText, EasyVQABuilder):
         records, pixels, rows = self.readable_images(split, records)
         if self.task == "conversation" and split == "train":
             return ConversationEasyVQA(records, pixels, rows, self.text_processor, self.image_processor,
-                                       sampled=self.conversation_turns == "sampled")
+                                       sampled=self.conversation_turns == "sampled",
+                                       closed_first=self.conversation_order == "closed_first")
         return GenerativeEasyVQA(records, pixels, rows, self.text_processor, self.image_processor)

@@ -124,6 +124,24 @@ def test_sampled_conversation_turns_draw_how_many_questions_each_epoch(tmp_path)
         builder(write_root(tmp_path / "other"), task="conversation", conversation_turns="some")
 
 
+@pytest.mark.parametrize("order", ["shuffled", "closed_first"])
+def test_closed_first_asks_the_yes_no_questions_before_the_open_ones(tmp_path, order):
+    """closed_first: an image's yes/no turns come before its open ones in every epoch (an earlier
+    "what color" answer would give a later "is there a red shape?" away); shuffled draws both orders."""
+    b = builder(write_root(tmp_path), task="conversation", val_images=1, conversation_order=order,
+                processors={"text_processor": {"params": {"max_length": 64}}})
+    train, proc = b.build("train"), b.text_processor
+    firsts = set()
+    for epoch in range(8):
+        train.set_epoch(epoch)
+        for index in (0, 1):  # image 0: a yes/no and a colour question; image 1: a shape and a yes/no question
+            targets = train[index]["targets"]
+            firsts.add(proc.decode([targets[targets.ne(IGNORE_INDEX)][0].item()]))
+    assert firsts == ({"yes"} if order == "closed_first" else {"yes", "red", "rectangle"})
+    with pytest.raises(UserError, match="conversation_order='yes_no'; use one of shuffled, closed_first"):
+        builder(write_root(tmp_path / "other"), task="conversation", conversation_order="yes_no")
+
+
 @pytest.mark.parametrize("task", ["conversation", "vqa"])
 def test_declared_lengths_follow_the_samples_tokens(tmp_path, task):
     """What ``training.group_by_length`` sorts by: each sample's declared length is its real token
