@@ -60,6 +60,7 @@ class VLM(BaseModel):
         from transformers import AutoConfig, AutoModelForCausalLM
 
         spec = dict(OmegaConf.to_container(config.language_model.random, resolve=True) or {})
+        spec = {key: value for key, value in spec.items() if value is not None}  # null: the model type's default
         if config.get("vocab_size") is None or "model_type" not in spec:
             raise UserError("model_config.vlm: with language_model.path null, language_model.random needs a "
                             "model_type (e.g. llama) and a dataset must fill vocab_size.")

@@ -162,14 +162,15 @@ def test_gradient_checkpointing_gives_the_same_gradients(lm, proc):
         torch.testing.assert_close(grads[1][name], grads[0][name], atol=1e-6, rtol=1e-5, msg=name)
 
 
-@pytest.mark.parametrize("tie", [False, True])
+@pytest.mark.parametrize("tie", [False, True, None])
 def test_a_random_lm_ties_its_embeddings_when_asked(lm, proc, tie):
     """``language_model.random.tie_word_embeddings``: one matrix reads the words in and scores them out
-    (what the image tokens learn to say is the vector the question's word brings), else two."""
+    (what the image tokens learn to say is the vector the question's word brings), else two; null
+    leaves it to the model type (llama: two)."""
     random = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "tie_word_embeddings": tie}
     model = tiny_vlm.build_model(lm, proc, **{"language_model.path": None},
                                  **{f"language_model.random.{k}": v for k, v in random.items()})
     words_in, words_out = model.lm.get_input_embeddings().weight, model.lm.get_output_embeddings().weight
-    assert (words_out is words_in) == tie
+    assert (words_out is words_in) == bool(tie)
     names = {name for name, _ in model.named_parameters()}
-    assert any(name.endswith("lm_head.weight") for name in names) != tie  # a tied head is not a second parameter
+    assert any(name.endswith("lm_head.weight") for name in names) != bool(tie)  # a tied head is not a second parameter
