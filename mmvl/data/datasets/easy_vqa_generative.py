@@ -143,7 +143,7 @@ class ConversationEasyVQA(GenerativeEasyVQA):
         rng = np.random.default_rng([index, self.epoch])
         rows = self.turns[index][rng.permutation(len(self.turns[index]))]
         if self.closed_first:  # a stable sort keeps each group's drawn order
-            rows = rows[np.argsort(np.asarray(self.types)[rows] != YES_NO, kind="stable")]
+            rows = rows[np.argsort(self.types[rows] != YES_NO, kind="stable")]
         if self.sampled:
             rows = rows[: int(rng.integers(1, len(rows) + 1))]
         turns = []
