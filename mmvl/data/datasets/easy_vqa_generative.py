@@ -24,6 +24,7 @@ Every split keeps its answers: ``mmvl_predict`` writes ``[{"id", "answer", "refe
 """
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from typing import Any, Iterable
 
@@ -44,6 +45,9 @@ COLOURS = ("red", "green", "blue", "black", "gray", "teal", "brown", "yellow")
 TASKS = ("vqa", "caption", "conversation")
 #: ``conversation_order``'s values: every turn in the epoch's order | yes/no turns first, then the open ones
 ORDERS = ("shuffled", "closed_first")
+#: ``colour_questions``' values: the training conversations' yes/no colour turns as easy-VQA asks them |
+#: some asked about the image's own colour instead, so that each epoch holds as many of those as of the others
+COLOUR_QUESTIONS = ("as_asked", "balanced")
 #: easy-VQA's ``type`` of a yes/no question (``TYPE_NAMES[0]``)
 YES_NO = 0
 #: ``question_type`` of a caption sample (easy-VQA's question types are 0-2)
@@ -59,8 +63,9 @@ def _the_one(named: set[str], ruled_out: set[str], choices: tuple[str, ...]) -> 
     return left[0] if not named and len(left) == 1 else None
 
 
-def image_captions(questions: Iterable[str], answers: Iterable[str], image_ids: Iterable[int]) -> dict[int, str]:
-    """``{image_id: "the image shows a <colour> <shape>"}`` for the images whose questions and answers fix both."""
+def image_contents(questions: Iterable[str], answers: Iterable[str],
+                   image_ids: Iterable[int]) -> dict[int, tuple[str | None, str | None]]:
+    """``{image_id: (colour, shape)}``, each None where the image's questions and answers leave it open."""
     named: dict[int, set[str]] = defaultdict(set)
     ruled_out: dict[int, set[str]] = defaultdict(set)
     for question, answer, image in zip(questions, answers, image_ids):
@@ -71,13 +76,15 @@ def image_captions(questions: Iterable[str], answers: Iterable[str], image_ids: 
         else:  # what colour / what shape: the question and its answer name what is there
             words, target = words + [answer], named
         target[int(image)].update(w for w in words if w in SHAPES or w in COLOURS)
-    captions = {}
-    for image in sorted(set(named) | set(ruled_out)):
-        colour = _the_one(named[image] & set(COLOURS), ruled_out[image], COLOURS)
-        shape = _the_one(named[image] & set(SHAPES), ruled_out[image], SHAPES)
-        if colour and shape:
-            captions[image] = CAPTION.format(colour=colour, shape=shape)
-    return captions
+    return {image: (_the_one(named[image] & set(COLOURS), ruled_out[image], COLOURS),
+                    _the_one(named[image] & set(SHAPES), ruled_out[image], SHAPES))
+            for image in sorted(set(named) | set(ruled_out))}
+
+
+def image_captions(questions: Iterable[str], answers: Iterable[str], image_ids: Iterable[int]) -> dict[int, str]:
+    """``{image_id: "the image shows a <colour> <shape>"}`` for the images whose questions and answers fix both."""
+    return {image: CAPTION.format(colour=colour, shape=shape)
+            for image, (colour, shape) in image_contents(questions, answers, image_ids).items() if colour and shape}
 
 
 class GenerativeEasyVQA(EasyVQADataset):
@@ -113,15 +120,39 @@ class ConversationEasyVQA(GenerativeEasyVQA):
     when the yes/no turns come first. Val and test ask each question alone, from the image."""
 
     def __init__(self, records: Table, pixels: Any, image_rows: np.ndarray, text_processor: Any,
-                 image_processor: Any, sampled: bool = False, closed_first: bool = False):
+                 image_processor: Any, sampled: bool = False, closed_first: bool = False,
+                 balanced_colours: bool = False):
         super().__init__(records, pixels, image_rows, text_processor, image_processor)
         self.sampled = sampled  # each epoch, the first k of the permuted turns, k drawn from 1..all
         self.closed_first = closed_first
+        self.recoloured, self.recolour_chance = (self._recolourings() if balanced_colours else ({}, 0.0))
         order = np.lexsort((self.ids, self.image_ids))  # by image, then by question
         images = self.image_ids[order]
         starts = np.flatnonzero(np.r_[True, images[1:] != images[:-1]]) if len(images) else np.zeros(0, np.int64)
         self.turns = np.split(order, starts[1:]) if len(order) else []
         self.epoch = 0
+
+    def _recolourings(self) -> tuple[dict[int, tuple[str, str]], float]:
+        """``colour_questions: balanced``: each yes/no turn that names a colour the image does not hold,
+        asked about the image's own colour instead (``is there a blue shape?`` -> no becomes ``is there a
+        red shape?`` -> yes on a red image), and the chance of asking it so that each epoch holds as many
+        turns about the image's colour as about other colours."""
+        questions, answers = self.questions.tolist(), self.answers.tolist()
+        contents = image_contents(questions, answers, self.image_ids.tolist())
+        recoloured: dict[int, tuple[str, str]] = {}
+        present = 0
+        for row, (question, answer) in enumerate(zip(questions, answers)):
+            named = [w for w in question.lower().replace("?", " ").split() if w in COLOURS]
+            colour = contents.get(int(self.image_ids[row]), (None, None))[0]
+            if answer not in ("yes", "no") or len(named) != 1 or colour is None:
+                continue
+            if named[0] == colour:
+                present += 1
+            else:
+                recoloured[row] = (re.sub(rf"\b{named[0]}\b", colour, question, flags=re.IGNORECASE),
+                                   "no" if answer == "yes" else "yes")
+        absent = len(recoloured)
+        return recoloured, max(absent - present, 0) / (2 * absent) if absent else 0.0
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
@@ -146,10 +177,13 @@ class ConversationEasyVQA(GenerativeEasyVQA):
             rows = rows[np.argsort(self.types[rows] != YES_NO, kind="stable")]
         if self.sampled:
             rows = rows[: int(rng.integers(1, len(rows) + 1))]
+        recolour = rng.random(len(rows)) < self.recolour_chance if self.recoloured else np.zeros(len(rows), bool)
         turns = []
-        for r in rows.tolist():
-            user = self.questions[r] if turns else f"<image> {self.questions[r]}"
-            turns += [{"role": "user", "content": user}, {"role": "assistant", "content": self.answers[r]}]
+        for r, swap in zip(rows.tolist(), recolour.tolist()):
+            question, answer = (self.recoloured[r] if swap and r in self.recoloured
+                                else (self.questions[r], self.answers[r]))
+            user = question if turns else f"<image> {question}"
+            turns += [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]
         first = int(rows[0])
         item: dict[str, Any] = {"id": int(self.image_ids[first]), "image_id": int(self.image_ids[first])}
         item.update(self.text_processor.conversation(turns, has_image=True, where=f"easy_vqa image {item['image_id']}"))
@@ -178,6 +212,13 @@ class EasyVQAGenerativeBuilder(GeneratesText, EasyVQABuilder):
         self.conversation_order = str(self.cfg.get("conversation_order") or "shuffled")
         if self.conversation_order not in ORDERS:
             raise UserError(f"{self.name}: conversation_order={self.conversation_order!r}; use one of {', '.join(ORDERS)}.")
+        self.colour_questions = str(self.cfg.get("colour_questions") or "as_asked")
+        if self.colour_questions not in COLOUR_QUESTIONS:
+            raise UserError(f"{self.name}: colour_questions={self.colour_questions!r}; use one of "
+                            f"{', '.join(COLOUR_QUESTIONS)}.")
+        if self.colour_questions == "balanced" and self.task != "conversation":
+            raise UserError(f"{self.name}: colour_questions=balanced recolours task: conversation's training turns, "
+                            f"and task={self.task!r}; set task=conversation or colour_questions=as_asked.")
         self.caption_prompt = str(self.cfg.get("caption_prompt") or "")
         if self.task == "caption" and not self.caption_prompt.strip():
             raise UserError(f"{self.name}: caption_prompt is empty; give the prompt a caption follows "
@@ -209,5 +250,6 @@ class EasyVQAGenerativeBuilder(GeneratesText, EasyVQABuilder):
         if self.task == "conversation" and split == "train":
             return ConversationEasyVQA(records, pixels, rows, self.text_processor, self.image_processor,
                                        sampled=self.conversation_turns == "sampled",
-                                       closed_first=self.conversation_order == "closed_first")
+                                       closed_first=self.conversation_order == "closed_first",
+                                       balanced_colours=self.colour_questions == "balanced")
         return GenerativeEasyVQA(records, pixels, rows, self.text_processor, self.image_processor)

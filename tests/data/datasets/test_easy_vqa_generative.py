@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from omegaconf import OmegaConf
@@ -160,3 +161,49 @@ def test_declared_lengths_follow_the_samples_tokens(tmp_path, task):
                           conversation_turns="sampled").build("train")
         with pytest.raises(UserError, match="conversation_turns=sampled"):
             sampled.sample_lengths()
+
+
+BALANCE = [["what color is the shape?", "red", 0], ["is there a blue shape?", "no", 0],
+           ["is there not a green shape?", "yes", 0], ["does the image contain a yellow shape?", "no", 0],
+           ["what color is the shape?", "teal", 1], ["is there a teal shape?", "yes", 1],
+           ["what color is the shape?", "gray", 2]]
+
+
+def words(proc, ids) -> str:
+    """Every token of a sample, turn ends and all (``decode`` stops at the first answer's end)."""
+    return " ".join(proc.tokenizer.itos[i] for i in ids.tolist())
+
+
+@pytest.mark.parametrize("mode", ["as_asked", "balanced"])
+def test_balanced_colour_questions_ask_as_often_about_the_images_own_colour(tmp_path, mode):
+    """balanced: a yes/no turn naming a colour the image lacks is, by a drawn chance, asked about the
+    image's colour with the answer flipped, so that each epoch expects as many turns about the image's
+    colour as about others (here 3 about others, 1 about its own: a chance of 1/3 gives 2 and 2)."""
+    root = write_easy_vqa_root(tmp_path, {"train": (BALANCE, 3), "test": (TEST, 2)})
+    b = builder(root, task="conversation", val_images=1, colour_questions=mode,
+                processors={"text_processor": {"params": {"max_length": 96}}})
+    train, proc = b.build("train"), b.text_processor
+    seen = []
+    for epoch in range(300):
+        train.set_epoch(epoch)
+        text = words(proc, train[0]["input_ids"])
+        seen.append([q in text for q in ("is there a red shape ? yes", "is there not a red shape ? no",
+                                         "does the image contain a red shape ? yes")])
+        assert ("is there a blue shape ? no" in text) != seen[-1][0]  # the turn is asked one way or the other
+        assert ("what color is the shape ? red" in text)  # open turns stay as asked
+        train.set_epoch(epoch)
+        assert words(proc, train[0]["input_ids"]) == text  # the same draw for the same epoch
+        assert "is there a teal shape ? yes" in words(proc, train[1]["input_ids"])
+    recoloured = np.asarray(seen).mean(0)
+    if mode == "as_asked":
+        assert recoloured.tolist() == [0.0, 0.0, 0.0]
+    else:
+        assert train.recolour_chance == pytest.approx(1 / 3)
+        assert np.all((recoloured > 0.25) & (recoloured < 0.42)), recoloured  # 300 draws each at 1/3
+
+
+def test_colour_questions_refuses_an_unknown_value_or_a_task_it_does_not_change(tmp_path):
+    with pytest.raises(UserError, match="colour_questions='even'; use one of as_asked, balanced"):
+        builder(write_root(tmp_path), task="conversation", colour_questions="even")
+    with pytest.raises(UserError, match="colour_questions=balanced .* task='vqa'; set task=conversation"):
+        builder(write_root(tmp_path / "other"), task="vqa", colour_questions="balanced")
