@@ -117,7 +117,11 @@ class ConversationEasyVQA(GenerativeEasyVQA):
     ``what is the red shape?``), so a later ``is there a red shape?`` can be answered by matching
     words in the history instead of the image; in easy-VQA's training set two thirds of the yes/no
     questions about the image's colour have it named earlier when all turns are shuffled, a quarter
-    when the yes/no turns come first. Val and test ask each question alone, from the image."""
+    when the yes/no turns come first. Val and test ask each question alone, from the image.
+
+    ``balanced_colours`` (``colour_questions: balanced``): easy-VQA's yes/no colour questions name a
+    colour the image lacks far more often than its own, so "no" scores well without the pixels; each
+    such turn is, by a chance drawn per epoch, asked about the image's own colour instead."""
 
     def __init__(self, records: Table, pixels: Any, image_rows: np.ndarray, text_processor: Any,
                  image_processor: Any, sampled: bool = False, closed_first: bool = False,
