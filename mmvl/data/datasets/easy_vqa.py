@@ -45,9 +45,14 @@ SPLITS = ("train", "val", "test")
 INSTALL_HINT = "pip install mmvl[easy_vqa] (or pip install easy-vqa)"
 
 
+def question_words(question: str) -> list[str]:
+    """A question's lower-case words, its ``?`` dropped: the one word split the type and content readers share."""
+    return question.lower().replace("?", " ").split()
+
+
 def question_type(question: str) -> int:
     """0 yes/no (``is``/``does`` questions), 2 colour (the question names colour), 1 shape (the other ``what`` ones)."""
-    words = question.lower().replace("?", " ").split()
+    words = question_words(question)
     if words and words[0] in ("is", "does", "are", "do"):
         return 0
     if "color" in words or "colour" in words:

@@ -31,7 +31,7 @@ from typing import Any, Iterable
 import numpy as np
 from torch.utils.data import Dataset
 
-from mmvl.data.datasets.easy_vqa import EasyVQABuilder, EasyVQADataset
+from mmvl.data.datasets.easy_vqa import EasyVQABuilder, EasyVQADataset, question_words
 from mmvl.data.processors import prompt_answer as _prompt_answer  # noqa: F401  (registers prompt_answer)
 from mmvl.data.records import Strings, Table
 from mmvl.data.datasets.text_generation import GeneratesText
@@ -69,7 +69,7 @@ def image_contents(questions: Iterable[str], answers: Iterable[str],
     named: dict[int, set[str]] = defaultdict(set)
     ruled_out: dict[int, set[str]] = defaultdict(set)
     for question, answer, image in zip(questions, answers, image_ids):
-        words = question.lower().replace("?", " ").split()
+        words = question_words(question)
         if words and words[0] in ("is", "does", "are", "do"):  # yes/no: is (not) the named thing there?
             negated = "not" in words or "no" in words
             target = named if (answer == "yes") != negated else ruled_out
@@ -146,7 +146,7 @@ class ConversationEasyVQA(GenerativeEasyVQA):
         recoloured: dict[int, tuple[str, str]] = {}
         present = 0
         for row, (question, answer) in enumerate(zip(questions, answers)):
-            named = [w for w in question.lower().replace("?", " ").split() if w in COLOURS]
+            named = [w for w in question_words(question) if w in COLOURS]
             colour = contents.get(int(self.image_ids[row]), (None, None))[0]
             if answer not in ("yes", "no") or len(named) != 1 or colour is None:
                 continue
