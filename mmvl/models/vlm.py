@@ -41,6 +41,13 @@ class VLM(BaseModel):
         super().__init__(config)
         self.generation = check_generation(config.generation)  # used only when decoding: checked now
         self.shuffle = positive_int(config.get("pixel_shuffle"), "pixel_shuffle", "1 (off) or 2 (4x fewer image tokens)")
+        self.summary_token = config.get("summary_token")
+        if not isinstance(self.summary_token, bool):
+            raise UserError(f"model_config.vlm.summary_token={self.summary_token!r}; use true (one more image token, "
+                            "the mean of the grid's) or false.")
+        expected = config.get("image_tokens")
+        self.expected_tokens = None if expected is None else positive_int(expected, "image_tokens", "the text "
+                                                                          "processor's image_tokens")
         lm_cfg = config.language_model
         self.lm = (load_causal_lm(lm_cfg.path, str(lm_cfg.attn_implementation)) if lm_cfg.get("path")
                    else self._random_lm(config))
@@ -73,8 +80,20 @@ class VLM(BaseModel):
             return AutoModelForCausalLM.from_config(lm_config)
 
     def image_tokens(self, pixels: torch.Tensor) -> torch.Tensor:
-        """Pixels -> ``B x tokens x hidden`` projected image tokens."""
-        return self.projector(grid_tokens(self.image_encoder(pixels), self.shuffle))
+        """Pixels -> ``B x tokens x hidden`` projected image tokens (``summary_token``: the grid's mean
+        first). Their number must be the placeholders' (``image_tokens``): ``splice_image_tokens``
+        would otherwise drop or repeat tokens without a word, so it is checked here, on shapes only
+        (no wait on the device)."""
+        tokens = grid_tokens(self.image_encoder(pixels), self.shuffle)
+        if self.summary_token:
+            tokens = torch.cat([tokens.mean(1, keepdim=True), tokens], 1)
+        if self.expected_tokens is not None and tokens.size(1) != self.expected_tokens:
+            made = f"{tokens.size(1) - self.summary_token} grid tokens" + (" + 1 summary token" if self.summary_token else "")
+            raise UserError(f"vlm: a {tuple(pixels.shape[-2:])} image gives {made} (pixel_shuffle {self.shuffle}), and "
+                            f"the text processor writes image_tokens={self.expected_tokens} placeholders; set the "
+                            f"dataset's processors.text_processor.params.image_tokens={tokens.size(1)} (or change "
+                            "pixel_shuffle, summary_token or the image size).")
+        return self.projector(tokens)
 
     def embed(self, input_ids: torch.Tensor, pixels: torch.Tensor) -> torch.Tensor:
         """The LM's input embeddings with the image tokens at the placeholders."""

@@ -174,3 +174,36 @@ def test_a_random_lm_ties_its_embeddings_when_asked(lm, proc, tie):
     assert (words_out is words_in) == bool(tie)
     names = {name for name, _ in model.named_parameters()}
     assert any(name.endswith("lm_head.weight") for name in names) != bool(tie)  # a tied head is not a second parameter
+
+
+def test_a_summary_token_is_the_grid_mean_ahead_of_the_grid(lm, proc):
+    """``summary_token: true``: one more image token, the projected mean of the grid's tokens, ahead of
+    the grid's own (unchanged); the processor then writes one more placeholder, and a batch runs."""
+    from mmvl.data.processors.prompt_answer import PromptAnswerProcessor
+    from mmvl.models.modules.vlm_parts import grid_tokens
+
+    plain = tiny_vlm.build_model(lm, proc)
+    proc5 = PromptAnswerProcessor(image_tokens=IMAGE_TOKENS + 1, tokenizer_path=str(lm))
+    summary = tiny_vlm.build_model(lm, proc5, summary_token=True)
+    summary.load_state_dict(plain.state_dict())  # no new parameters: the same projector reads the mean
+    pixels = torch.randn(2, 3, tiny_vlm.IMAGE_SIZE, tiny_vlm.IMAGE_SIZE)
+    tokens = summary.image_tokens(pixels)
+    assert tokens.shape[1] == IMAGE_TOKENS + 1
+    torch.testing.assert_close(tokens[:, 1:], plain.image_tokens(pixels))
+    grid = grid_tokens(plain.image_encoder(pixels), plain.shuffle)
+    torch.testing.assert_close(tokens[:, 0], plain.projector(grid.mean(1)))
+    batch = tiny_vlm.collate(proc5, tiny_vlm.items(proc5)[:2])
+    assert summary(batch)["scores"].shape[:2] == batch["input_ids"].shape
+
+
+@pytest.mark.parametrize("summary", [False, True])
+def test_image_tokens_other_than_the_placeholders_are_refused(lm, proc, summary):
+    """A processor writing another number of placeholders than the image gives tokens would have
+    the splice drop or repeat tokens silently: the first forward names the number to set."""
+    model = tiny_vlm.build_model(lm, proc, summary_token=summary, image_tokens=IMAGE_TOKENS + 2)
+    batch = tiny_vlm.collate(proc, tiny_vlm.items(proc)[:2])
+    with pytest.raises(UserError, match=rf"image_tokens={IMAGE_TOKENS + 2} placeholders; .*image_tokens="
+                                        rf"{IMAGE_TOKENS + summary}\b"):
+        model(batch)
+    with pytest.raises(UserError, match="summary_token='yes'"):
+        tiny_vlm.build_model(lm, proc, summary_token="yes")

@@ -116,10 +116,11 @@ class PromptAnswerProcessor:
         return len(self.tokenizer)
 
     def model_info(self) -> dict[str, int]:
-        """The ids a VLM needs from its tokenizer (filled into ``model_config.vlm``'s null keys)."""
+        """The ids a VLM needs from its tokenizer, and how many image placeholders it writes (filled into
+        ``model_config.vlm``'s null keys)."""
         t = self.tokenizer
         return {"vocab_size": len(t), "image_token_id": t.image_id, "pad_token_id": t.pad_token_id,
-                "eos_token_id": self.end_id}
+                "eos_token_id": self.end_id, "image_tokens": self.image_tokens}
 
     @property
     def end_id(self) -> int:
