@@ -41,7 +41,7 @@ class VLM(BaseModel):
         super().__init__(config)
         self.generation = check_generation(config.generation)  # used only when decoding: checked now
         self.shuffle = positive_int(config.get("pixel_shuffle"), "pixel_shuffle", "1 (off) or 2 (4x fewer image tokens)")
-        self.summary_token = config.get("summary_token")
+        self.summary_token = config.get("summary_token", False)
         if not isinstance(self.summary_token, bool):
             raise UserError(f"model_config.vlm.summary_token={self.summary_token!r}; use true (one more image token, "
                             "the mean of the grid's) or false.")
