@@ -45,9 +45,9 @@ class VLM(BaseModel):
         if not isinstance(self.summary_token, bool):
             raise UserError(f"model_config.vlm.summary_token={self.summary_token!r}; use true (one more image token, "
                             "the mean of the grid's) or false.")
-        expected = config.get("image_tokens")
-        self.expected_tokens = None if expected is None else positive_int(expected, "image_tokens", "the text "
-                                                                          "processor's image_tokens")
+        expected = config.get("image_tokens")  # 0: a text-only processor writes no placeholders, nothing to check
+        self.expected_tokens = None if expected in (None, 0) else positive_int(expected, "image_tokens", "the "
+                                                                               "text processor's image_tokens")
         lm_cfg = config.language_model
         self.lm = (load_causal_lm(lm_cfg.path, str(lm_cfg.attn_implementation)) if lm_cfg.get("path")
                    else self._random_lm(config))

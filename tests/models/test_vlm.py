@@ -207,3 +207,7 @@ def test_image_tokens_other_than_the_placeholders_are_refused(lm, proc, summary)
         model(batch)
     with pytest.raises(UserError, match="summary_token='yes'"):
         tiny_vlm.build_model(lm, proc, summary_token="yes")
+    with pytest.raises(UserError, match=r"image_tokens=-1 must be an integer of 1 or more"):
+        tiny_vlm.build_model(lm, proc, image_tokens=-1)
+    text_only = tiny_vlm.build_model(lm, proc, summary_token=summary, image_tokens=0)  # no placeholders: unchecked
+    assert text_only(batch)["scores"].shape[:2] == batch["input_ids"].shape
