@@ -88,7 +88,7 @@ class VLM(BaseModel):
         if self.summary_token:
             tokens = torch.cat([tokens.mean(1, keepdim=True), tokens], 1)
         if self.expected_tokens is not None and tokens.size(1) != self.expected_tokens:
-            made = f"{tokens.size(1) - self.summary_token} grid tokens" + (" + 1 summary token" if self.summary_token else "")
+            made = f"{tokens.size(1) - self.summary_token} grid tokens" + (" + 1 summary" if self.summary_token else "")
             raise UserError(f"vlm: a {tuple(pixels.shape[-2:])} image gives {made} (pixel_shuffle {self.shuffle}), and "
                             f"the text processor writes image_tokens={self.expected_tokens} placeholders; set the "
                             f"dataset's processors.text_processor.params.image_tokens={tokens.size(1)} (or change "
