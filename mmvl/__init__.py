@@ -6,7 +6,7 @@ imports below (no directory scanning).
 from mmvl import registry
 from mmvl.errors import UserError
 
-from mmvl import losses, metrics, optim, token_losses  # noqa: E402,F401  (registration)
+from mmvl import losses, metrics, optim  # noqa: E402,F401  (registration)
 from mmvl.distributed import strategies  # noqa: E402,F401
 from mmvl.data import datasets, multi, processors  # noqa: E402,F401
 from mmvl import models  # noqa: E402,F401

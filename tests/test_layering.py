@@ -15,10 +15,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 #: layer, bottom to top: each module of mmvl/ falls under the longest prefix listed
 LAYERS: dict[str, int] = {
-    "mmvl.errors": 0, "mmvl.utils": 0,
+    "mmvl.errors": 0, "mmvl.utils": 0, "mmvl.labels": 0,
     "mmvl.registry": 1, "mmvl.io": 1, "mmvl.locks": 1,
     "mmvl.config": 2,
-    "mmvl.distributed": 3, "mmvl.losses": 3, "mmvl.token_losses": 3, "mmvl.runs": 3,
+    "mmvl.distributed": 3, "mmvl.losses": 3, "mmvl.runs": 3,
     "mmvl.data": 4, "mmvl.metrics": 4, "mmvl.optim": 4, "mmvl.plots": 4,
     "mmvl.models": 5,
     "mmvl.checkpoint": 6, "mmvl.tracking": 6,

@@ -14,7 +14,7 @@ from omegaconf import DictConfig
 from torch.utils.data import Dataset
 
 from mmvl.data.sample import collate
-from mmvl.losses import IGNORE_INDEX
+from mmvl.labels import IGNORE_INDEX
 
 
 class DatasetBuilder:

@@ -21,7 +21,7 @@ from omegaconf import DictConfig
 
 from mmvl.errors import UserError
 from mmvl.models.modules.lora import is_adapter
-from mmvl.utils.checkpointing import checkpoint_each
+from mmvl.utils.activation_checkpointing import checkpoint_each
 
 #: the part every model with a ``HEAD`` offers: all parameters outside the head
 BASE_PART = "base"

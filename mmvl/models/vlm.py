@@ -22,7 +22,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from mmvl.errors import UserError, library_input
-from mmvl.losses import IGNORE_INDEX
+from mmvl.labels import IGNORE_INDEX
 from mmvl.models.base import BaseModel
 from mmvl.models.modules.image_encoders import build_image_encoder
 from mmvl.models.modules.vlm_parts import Projector, grid_tokens, left_align, load_causal_lm, splice_image_tokens

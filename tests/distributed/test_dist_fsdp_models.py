@@ -60,7 +60,7 @@ def _units(trainer: Trainer) -> list[dict[str, bool]]:
     from torch.distributed.fsdp import FSDPModule
     from torch.distributed.tensor import DTensor
 
-    from mmvl.utils.checkpointing import is_checkpointed
+    from mmvl.utils.activation_checkpointing import is_checkpointed
 
     out = []
     for unit in trainer.engine.unwrap_model(trainer.model).shard_units():

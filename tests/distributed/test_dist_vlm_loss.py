@@ -26,7 +26,7 @@ def _update(env, folder: str, naive: bool) -> dict:
 
     from torch.nn.parallel import DistributedDataParallel
 
-    from mmvl.token_losses import AnswerTokensLoss
+    from mmvl.losses import AnswerTokensLoss
 
     torch.set_num_threads(1)
     proc = tiny_vlm.processor(folder)
@@ -49,7 +49,7 @@ def _update(env, folder: str, naive: bool) -> dict:
 
 
 def test_world_two_equals_one_big_batch(launch, tmp_path):
-    from mmvl.token_losses import AnswerTokensLoss
+    from mmvl.losses import AnswerTokensLoss
 
     folder = tiny_vlm.make_tiny_lm(tmp_path / "lm")
     proc = tiny_vlm.processor(folder)

@@ -8,7 +8,7 @@ import torch
 
 from mmvl.losses import build_losses
 from mmvl.models.base import BaseModel
-from mmvl.utils.checkpointing import checkpoint_each, is_checkpointed
+from mmvl.utils.activation_checkpointing import checkpoint_each, is_checkpointed
 from tests.fixtures import tiny_vlm
 from tests.models.test_clip import _batch, _clip
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from mmvl.errors import UserError
-from mmvl.losses import IGNORE_INDEX
-from mmvl.token_losses import AnswerTokensLoss
+from mmvl.labels import IGNORE_INDEX
+from mmvl.losses import AnswerTokensLoss
 from tests.fixtures import tiny_vlm
 from tests.fixtures.tiny_vlm import IMAGE_TOKENS
 

@@ -34,7 +34,7 @@ from mmvl.data.processors import vocab as _vocab  # noqa: F401  (registers vocab
 from mmvl.data.processors.answers import normalize_answer
 from mmvl.data.records import Strings, Table
 from mmvl.errors import UserError
-from mmvl.losses import IGNORE_INDEX
+from mmvl.labels import IGNORE_INDEX
 from mmvl.registry import register_dataset
 
 log = logging.getLogger("mmvl")

@@ -36,7 +36,7 @@ from mmvl.data.processors import prompt_answer as _prompt_answer  # noqa: F401  
 from mmvl.data.records import Strings, Table
 from mmvl.data.datasets.text_generation import GeneratesText
 from mmvl.errors import UserError
-from mmvl.losses import IGNORE_INDEX
+from mmvl.labels import IGNORE_INDEX
 from mmvl.registry import register_dataset
 
 #: easy-VQA's shapes and colours (its answers besides yes and no)

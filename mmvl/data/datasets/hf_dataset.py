@@ -39,7 +39,7 @@ from mmvl.data.processors import image as _image  # noqa: F401  (registers torch
 from mmvl.data.processors import prompt_answer as _prompt_answer  # noqa: F401  (registers prompt_answer)
 from mmvl.data.processors.answers import normalize_answer
 from mmvl.errors import UserError
-from mmvl.losses import IGNORE_INDEX
+from mmvl.labels import IGNORE_INDEX
 from mmvl.registry import register_dataset
 
 

@@ -16,7 +16,7 @@ from mmvl.data.datasets.sort_of_clevr import ANSWERS, SortOfClevrBuilder, SortOf
 from mmvl.data.processors import prompt_answer as _prompt_answer  # noqa: F401  (registers prompt_answer)
 from mmvl.data.datasets.text_generation import GeneratesText
 from mmvl.errors import UserError
-from mmvl.losses import IGNORE_INDEX
+from mmvl.labels import IGNORE_INDEX
 from mmvl.registry import PROCESSORS, register_dataset
 
 _TEXT = "dataset_config.sort_of_clevr_generative.processors.text_processor"

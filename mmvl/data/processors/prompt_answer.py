@@ -23,7 +23,7 @@ import torch
 from mmvl.data.processors.chat import ChatTemplate, check_turns, image_first
 from mmvl.data.processors.vocab import SPECIAL_TOKENS, VocabProcessor
 from mmvl.errors import UserError, library_input
-from mmvl.losses import IGNORE_INDEX
+from mmvl.labels import IGNORE_INDEX
 from mmvl.registry import register_processor
 
 #: the placeholder the model replaces by image tokens

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from mmvl.errors import UserError
-from mmvl.losses import IGNORE_INDEX
+from mmvl.labels import IGNORE_INDEX
 from mmvl.registry import register_processor
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]

@@ -17,7 +17,7 @@ import torch
 from mmvl.distributed.strategies.base import Strategy
 from mmvl.errors import UserError
 from mmvl.registry import register_strategy
-from mmvl.utils.checkpointing import checkpoint_each
+from mmvl.utils.activation_checkpointing import checkpoint_each
 
 log = logging.getLogger("mmvl")
 

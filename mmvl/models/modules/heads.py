@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mmvl.errors import UserError
-from mmvl.losses import IGNORE_INDEX
+from mmvl.labels import IGNORE_INDEX
 
 
 class MaskedLMHead(nn.Module):

@@ -12,7 +12,7 @@ import mmvl.data.datasets  # noqa: F401  (registers easy_vqa_generative)
 from mmvl import registry
 from mmvl.data.datasets.easy_vqa_generative import image_captions
 from mmvl.errors import UserError
-from mmvl.losses import IGNORE_INDEX
+from mmvl.labels import IGNORE_INDEX
 from tests.fixtures.easy_vqa_files import write_easy_vqa_root
 
 ROOT = Path(__file__).resolve().parents[3]

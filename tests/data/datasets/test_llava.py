@@ -11,7 +11,7 @@ import torch
 from omegaconf import OmegaConf
 
 from mmvl import registry
-from mmvl.losses import IGNORE_INDEX
+from mmvl.labels import IGNORE_INDEX
 from mmvl.models.modules.vlm_parts import splice_image_tokens
 from mmvl_cli.predict import main as predict
 from mmvl_cli.run import main as run

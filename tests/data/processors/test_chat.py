@@ -8,7 +8,7 @@ import torch
 
 from mmvl.data.processors.chat import image_first
 from mmvl.errors import UserError
-from mmvl.losses import IGNORE_INDEX
+from mmvl.labels import IGNORE_INDEX
 from tests.fixtures import tiny_vlm
 
 TURNS = [{"role": "user", "content": "what is shown <image>"}, {"role": "assistant", "content": "a big red square"},

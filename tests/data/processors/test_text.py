@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 
 from mmvl.data.base import DatasetBuilder
 from mmvl.data.processors.text import BertTokenizerProcessor, write_word_vocab
-from mmvl.losses import IGNORE_INDEX
+from mmvl.labels import IGNORE_INDEX
 from mmvl.errors import UserError
 from mmvl.registry import DATASETS, PROCESSORS
 

@@ -22,7 +22,8 @@ import torch
 import torch.nn.functional as F
 
 from mmvl.distributed import comm
-from mmvl.losses import IGNORE_INDEX, Loss
+from mmvl.labels import IGNORE_INDEX
+from mmvl.losses.base import Loss
 from mmvl.registry import register_loss
 
 
