@@ -41,7 +41,7 @@ IMAGE_TOKEN, PAD, EOS, IGNORE = 3, 0, 2, -100
 def vlm(args: argparse.Namespace, lora: bool) -> torch.nn.Module:
     from omegaconf import OmegaConf
 
-    from mmvl.models.modules.lora import apply_lora
+    from mmvl.adapters import apply_lora
     from mmvl.models.vlm import VLM
 
     torch.manual_seed(0)

@@ -14,7 +14,7 @@ from mmvl.data.base import DatasetBuilder
 from mmvl.distributed.comm import is_main_process
 from mmvl.errors import UserError
 from mmvl.models.base import trainable_summary
-from mmvl.models.modules.lora import apply_lora
+from mmvl.adapters import apply_lora
 
 log = logging.getLogger("mmvl")
 

@@ -30,26 +30,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def _export(opts: list[str]) -> int:
     args = _parser().parse_args(opts)
-    from pathlib import Path
+    from mmvl.export import export_run_adapters
 
-    from omegaconf import OmegaConf
-
-    from mmvl import registry
-    from mmvl.checkpoint import load_checkpoint
-    from mmvl.errors import UserError
-    from mmvl.models.modules.lora import export_adapters
-
-    save = Path(args.save_dir)
-    if not (save / "config.yaml").is_file():
-        raise UserError(f"mmvl_export: {str(save)!r} has no config.yaml; give the env.save_dir of an mmvl run.")
-    config = OmegaConf.load(save / "config.yaml")
-    model = str(config.model)
-    checkpoint = Path(args.checkpoint) if args.checkpoint else save / "checkpoints" / "last.ckpt"
-    state = load_checkpoint(checkpoint)["model"]
-    model_cfg = config.model_config[model]
-    base = (model_cfg.get("language_model") or {}).get("path")
-    for folder in export_adapters(model, registry.MODELS.get(model).PARTS, model_cfg.get("lora"), state, args.out,
-                                  base_path=str(base) if base else None):
+    for folder in export_run_adapters(args.save_dir, args.out, checkpoint=args.checkpoint):
         print(f"wrote {folder}")
     return 0
 

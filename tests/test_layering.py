@@ -18,12 +18,12 @@ LAYERS: dict[str, int] = {
     "mmvl.errors": 0, "mmvl.utils": 0, "mmvl.labels": 0,
     "mmvl.registry": 1, "mmvl.io": 1, "mmvl.locks": 1,
     "mmvl.config": 2,
-    "mmvl.distributed": 3, "mmvl.losses": 3, "mmvl.runs": 3,
+    "mmvl.distributed": 3, "mmvl.losses": 3, "mmvl.adapters": 3, "mmvl.runs": 3,
     "mmvl.data": 4, "mmvl.metrics": 4, "mmvl.optim": 4, "mmvl.plots": 4,
     "mmvl.models": 5,
     "mmvl.checkpoint": 6, "mmvl.tracking": 6,
     "mmvl.engine": 7,
-    "mmvl.trainers": 8, "mmvl.build": 8,
+    "mmvl.trainers": 8, "mmvl.build": 8, "mmvl.export": 8,
     "mmvl": 9,  # the package itself: ``import mmvl`` registers every built-in
     "mmvl_cli": 9,
 }

@@ -7,7 +7,7 @@ another model by renaming key prefixes.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
@@ -89,3 +89,18 @@ def load_model_state(model: torch.nn.Module, state: Mapping[str, Any], strict: b
     mapped, missing, unexpected = match_model_state(model.state_dict(), state, strict=strict)
     model.load_state_dict(mapped, strict=False)
     return missing, unexpected
+
+
+def onto_adapted(weights: Mapping[str, Any], model_keys: Iterable[str]) -> dict[str, Any]:
+    """Weights saved without LoRA (a stage-1 checkpoint) renamed onto a model with adapters: peft
+    keeps an adapted layer's own weights as ``X.base_layer.weight`` where the checkpoint has
+    ``X.weight``. Keys the model has as they are, and keys of no adapted layer, stay; the adapters
+    themselves are not in such a checkpoint and keep their initialisation (B at zero: the adapted
+    model computes what the checkpoint's model did)."""
+    keys = set(model_keys)
+    out = {}
+    for key, value in weights.items():
+        head, _, leaf = key.rpartition(".")
+        moved = f"{head}.base_layer.{leaf}"
+        out[moved if key not in keys and moved in keys else key] = value
+    return out

@@ -20,7 +20,7 @@ import torch
 from omegaconf import DictConfig
 
 from mmvl.errors import UserError
-from mmvl.models.modules.lora import is_adapter
+from mmvl.adapters import is_adapter
 from mmvl.utils.activation_checkpointing import checkpoint_each
 
 #: the part every model with a ``HEAD`` offers: all parameters outside the head

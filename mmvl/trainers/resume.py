@@ -29,7 +29,8 @@ from mmvl.config.load import config_root
 from mmvl.config.schema import reset_needed, resume_safe, stages
 from mmvl.engine import Engine
 from mmvl.errors import UserError
-from mmvl.models.modules.lora import is_adapter, onto_adapted
+from mmvl.adapters import is_adapter
+from mmvl.checkpoint.pretrained import onto_adapted
 from mmvl.optim import adopt_config_hyperparameters
 
 log = logging.getLogger("mmvl")

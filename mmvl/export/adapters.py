@@ -1,0 +1,83 @@
+"""A run's LoRA adapters as peft adapter folders (``mmvl_export adapters``).
+
+peft's ``PeftModel.from_pretrained(base, folder)`` reads ``adapter_config.json`` and
+``adapter_model.safetensors`` with the adapted module's own parameter names; the run saved them
+under the model's part (``lm.q_proj.lora_A.default.weight``), so export strips the part's prefix
+and the adapter's name. The checkpoint's location comes from the checkpoint schema.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from mmvl.adapters import is_adapter, lora_spec
+from mmvl.checkpoint import load_checkpoint, schema
+from mmvl.errors import UserError
+from mmvl.io import make_temp_dir, publish_dir
+from mmvl.registry import MODELS
+
+
+def adapter_tensors(state: Mapping[str, Any], prefix: str) -> dict[str, Any]:
+    """The adapters under ``prefix`` (a part's module, e.g. ``lm``) of a model state dict, by the
+    names ``PeftModel.from_pretrained`` reads: ``base_model.model.<name in the module>`` without the
+    adapter's name (``q_proj.lora_A.default.weight`` -> ``q_proj.lora_A.weight``)."""
+    out = {}
+    for key, value in state.items():
+        if key.startswith(prefix + ".") and is_adapter(key):
+            inner = key[len(prefix) + 1:].replace(".default.", ".")
+            out[f"base_model.model.{inner}"] = value.detach().cpu().contiguous()
+    return out
+
+
+def export_adapters(model: str, parts: Mapping[str, tuple[str, ...]], spec: Mapping[str, Any] | None,
+                    state: Mapping[str, Any], out: Any, base_path: str | None = None) -> list[str]:
+    """Write each adapted part's adapters as a peft adapter folder (``adapter_config.json``,
+    ``adapter_model.safetensors``): ``out`` for one part, ``out/<part>`` for several. Atomic: the
+    folder appears whole or not at all. Returns the folders written."""
+    lora = lora_spec(spec, model)
+    if lora is None:
+        raise UserError(f"mmvl_export adapters: the run trained no LoRA adapters (model_config.{model}.lora.r is null); "
+                        "export a run with lora set.")
+    import peft
+    from safetensors.torch import save_file
+
+    out = Path(out)
+    if out.exists():
+        raise UserError(f"mmvl_export adapters: {str(out)!r} exists; give a new folder.")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = make_temp_dir(out.parent)
+    written = []
+    for part in lora["parts"]:
+        folder = tmp if len(lora["parts"]) == 1 else tmp / part
+        folder.mkdir(exist_ok=True)
+        tensors = {k: v for module in parts.get(part, ()) for k, v in adapter_tensors(state, module).items()}
+        if not tensors:
+            raise UserError(f"mmvl_export adapters: the checkpoint holds no adapters of part {part!r}; is it this run's?")
+        config = peft.LoraConfig(r=lora["r"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
+                                 target_modules=lora["target_modules"], bias="none",
+                                 task_type="CAUSAL_LM" if part == "language_model" else None,
+                                 base_model_name_or_path=base_path if part == "language_model" else None)
+        config.save_pretrained(str(folder))
+        save_file(tensors, str(folder / "adapter_model.safetensors"))
+        written.append(str(out if len(lora["parts"]) == 1 else out / part))
+    publish_dir(tmp, out)
+    return written
+
+
+def export_run_adapters(save_dir: str | Path, out: str | Path, checkpoint: str | Path | None = None) -> list[str]:
+    """The adapters of the run in ``save_dir`` (its ``config.yaml`` and, unless ``checkpoint`` names
+    another file, its last checkpoint) written under ``out``; returns the folders written."""
+    from omegaconf import OmegaConf
+
+    save = Path(save_dir)
+    if not (save / "config.yaml").is_file():
+        raise UserError(f"mmvl_export: {str(save)!r} has no config.yaml; give the env.save_dir of an mmvl run.")
+    config = OmegaConf.load(save / "config.yaml")
+    model = str(config.model)
+    path = Path(checkpoint) if checkpoint else save / schema.CHECKPOINTS_DIR / schema.LAST
+    state = load_checkpoint(path)[schema.MODEL]
+    model_cfg = config.model_config[model]
+    base = (model_cfg.get("language_model") or {}).get("path")
+    return export_adapters(model, MODELS.get(model).PARTS, model_cfg.get("lora"), state, out,
+                           base_path=str(base) if base else None)
