@@ -214,7 +214,7 @@ def test_registered_optimizers_are_fused_by_default(type_, device, params, want)
 def test_a_device_without_fused_kernels_gets_foreach_logged_once(monkeypatch, caplog):
     torch_optimizer = importlib.import_module("torch.optim.optimizer")  # not an attribute of torch.optim
     monkeypatch.setattr(torch_optimizer, "_get_fused_kernels_supported_devices", lambda: ["cuda"])
-    monkeypatch.setattr(optim, "_fallback_logged", set())
+    monkeypatch.setattr(optim.optimizers, "_fallback_logged", set())
     with caplog.at_level(logging.INFO, logger="mmvl"):
         first = _opt(Tiny(), {"type": "adam_w", "params": {"lr": 1e-3}}, device="cpu")
         second = _opt(Tiny(), {"type": "sgd", "params": {"lr": 1e-3}}, device="cpu")
