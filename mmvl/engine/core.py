@@ -119,7 +119,7 @@ class Engine(AcceleratorMembers):
         self.prefetch = bool(training.prefetch if prefetch is None else prefetch)
         self.compile = bool(training.compile)
         self.compile_backend = str(training.compile_backend or "inductor")
-        if self.compile and self.strategy.name == "dp":
+        if self.compile and self.strategy.replicas_in_one_process:
             raise UserError("training.compile=true does not work with distributed.strategy=dp (its replicas "
                             "would share one compiled forward); use ddp (torchrun) or training.compile=false.")
         self._micro_step = 0
@@ -175,7 +175,7 @@ class Engine(AcceleratorMembers):
             if self._dtype is not None:
                 autocast_forward(self, model)
             if self.compile:
-                compile_model(model, self.compile_backend, per_unit=self.strategy.name != "single")
+                compile_model(model, self.compile_backend, per_unit=self.strategy.communicates_in_backward)
             wrapped_model, new_opt = self.strategy.wrap(model, optimizer)
             self._prepared["model"] = wrapped_model
             self.checkpointables.unregister(schema.MODEL)  # a second prepare() replaces the first
@@ -264,7 +264,7 @@ class Engine(AcceleratorMembers):
         if isinstance(parameters, torch.nn.Module):
             return self.strategy.clip_grad_norm_(parameters, opt, float(max_norm))
         params = list(parameters)
-        if self.strategy.name in ("single", "dp", "ddp"):  # full gradients on every rank
+        if self.strategy.full_gradients:
             return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type)
         model = self.prepared_model
         if model is None or {id(p) for p in params} != {id(p) for p in model.parameters()}:

@@ -38,10 +38,11 @@ class ProcessMembers(ProcessIndex):
         return shared if shared is not None else self._strategy_distributed_type()
 
     def _strategy_distributed_type(self) -> DistributedType:
-        name = self.strategy.name
-        if name == "fsdp":
+        strategy = self.strategy
+        if strategy.shards_parameters:
             return DistributedType.FSDP
-        if name == "single" or (self.env.world_size == 1 and name != "dp"):
+        several = strategy.replicas_in_one_process or (strategy.needs_process_group and self.env.world_size > 1)
+        if not several:
             return DistributedType.NO
         return DistributedType.MULTI_GPU if self.env.device.type == "cuda" else DistributedType.MULTI_CPU
 

@@ -183,7 +183,7 @@ def _bind_two_tower(trainer: Any, builder: Any, metrics: list[Metric]) -> set[Me
     """Bind the metrics that encode with the model themselves (``uses_model``: zero-shot, retrieval) to
     the unwrapped model; they are scored through its encoders, not its forward."""
     encoders = {m for m in metrics if getattr(m, "uses_model", False)}
-    if encoders and trainer.engine.strategy.name == "fsdp":
+    if encoders and trainer.engine.strategy.shards_parameters:
         raise UserError(f"metrics {sorted(m.name for m in encoders)} call the model's encoders, which FSDP's sharded "
                         "parameters do not allow; evaluate under distributed.strategy=ddp (or single).")
     if encoders:

@@ -96,7 +96,7 @@ def build_parts(config: Any, env: DistEnv | None = None) -> RunParts:
     log.info(footprint_line(model, inner(optimizer)))  # after sharding: what each rank holds
     metrics = {name: build_metrics(list(b.config.get("metrics") or []) + list(config.evaluation.get("metrics") or []))
                for name, b in builders.items()}
-    check_metrics(config, engine.unwrap_model(model), builders, metrics, losses, engine.strategy.name)
+    check_metrics(config, engine.unwrap_model(model), builders, metrics, losses, engine.strategy.shards_parameters)
     seed_everything(int(t.seed), env.rank)  # per-rank randomness from here on
     train_data = training_stream(config, engine, builders, batch_size) if "train" in stages(config) else None
     max_updates = run_length(t, train_data, engine.gradient_accumulation)
@@ -108,7 +108,7 @@ def build_parts(config: Any, env: DistEnv | None = None) -> RunParts:
 
 
 def check_metrics(config: Any, model: torch.nn.Module, builders: Mapping[str, Any], metrics: Mapping[str, list[Any]],
-                  losses: list[tuple[str, Any]], strategy: str) -> None:
+                  losses: list[tuple[str, Any]], shards_parameters: bool) -> None:
     """Before the first update: a metric of generated text needs a model that generates, a dataset
     that decodes its ids, and a strategy whose ranks may decode apart; ``training.early_stop.criteria``
     must name a value the run computes, where its metrics say beforehand what they compute."""
@@ -122,7 +122,7 @@ def check_metrics(config: Any, model: torch.nn.Module, builders: Mapping[str, An
         if not callable(getattr(builders[name], "generated_text", None)):
             raise UserError(f"metrics {generating} score generated text, and dataset {name!r} has no text targets to "
                             "decode against; use a generative dataset (e.g. easy_vqa_generative) or drop them.")
-        if strategy == "fsdp":
+        if shards_parameters:
             raise UserError(f"metrics {generating} decode on each rank apart, which FSDP's sharded parameters do not "
                             "allow; evaluate under distributed.strategy=ddp (or single), or drop them.")
     criteria = config.training.early_stop.get("criteria")

@@ -131,13 +131,13 @@ def test_generation_metrics_need_a_generating_model_a_text_dataset_and_no_fsdp()
             return batch
 
     with pytest.raises(UserError, match="model 'vlm' does not generate"):
-        check_metrics(config, torch.nn.Linear(1, 1), {"d": _Builder()}, metrics, [], "single")
+        check_metrics(config, torch.nn.Linear(1, 1), {"d": _Builder()}, metrics, [], False)
     with pytest.raises(UserError, match="dataset 'd' has no text targets"):
-        check_metrics(config, Generates(), {"d": _Builder()}, metrics, [], "single")
+        check_metrics(config, Generates(), {"d": _Builder()}, metrics, [], False)
     text = type("TextBuilder", (), {"generated_text": lambda self, ids: []})()
-    check_metrics(config, Generates(), {"d": text}, metrics, [], "ddp")
+    check_metrics(config, Generates(), {"d": text}, metrics, [], False)
     with pytest.raises(UserError, match="distributed.strategy=ddp"):
-        check_metrics(config, Generates(), {"d": text}, metrics, [], "fsdp")
+        check_metrics(config, Generates(), {"d": text}, metrics, [], True)
 
 
 def test_a_train_val_run_ends_with_the_whole_split_scored(data, tmp_path):

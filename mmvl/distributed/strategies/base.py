@@ -30,6 +30,20 @@ class Strategy:
     handles_gradient_checkpointing = False
     #: splits the optimizer state over ranks (what ``optimizer.enable_state_sharding`` asks for)
     shards_optimizer_state = False
+    # What callers may ask instead of reading a strategy's name (a registered strategy of a user's
+    # own says what it can do here, and the Engine, evaluation and callbacks follow):
+    #: each rank holds a shard of every parameter, so no rank can run the model alone: no decoding
+    #: per rank, no calls into the model's encoders, no full copy for an EMA
+    shards_parameters = False
+    #: after backward every rank holds the whole reduced gradient, so any subset of parameters can
+    #: be clipped locally (otherwise the strategy clips the whole prepared model itself)
+    full_gradients = True
+    #: one process drives several devices (DataParallel): replicas share one forward, which
+    #: ``torch.compile`` cannot give each of them; Accelerate counts it as multi-device
+    replicas_in_one_process = False
+    #: gradients are communicated while backward runs (DDP's buckets, FSDP's per-unit reduce), so
+    #: ``training.compile`` compiles each of the model's ``shard_units()`` to keep that overlap
+    communicates_in_backward = False
 
     def __init__(self, config: DictConfig, env: DistEnv, compute_dtype: torch.dtype | None = None):
         """``compute_dtype``: the Engine's autocast dtype (None: fp32), for strategies whose

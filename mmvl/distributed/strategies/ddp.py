@@ -46,6 +46,7 @@ class DDPStrategy(Strategy):
 
     name = "ddp"
     needs_process_group = True
+    communicates_in_backward = True
 
     def wrap(self, model, optimizer):
         return wrap_ddp(model, self.distributed, self.env), optimizer

@@ -80,6 +80,7 @@ class DataParallelStrategy(Strategy):
     """
 
     name = "dp"
+    replicas_in_one_process = True
 
     def wrap(self, model, optimizer):
         count = torch.cuda.device_count() if self.env.device.type == "cuda" else 0

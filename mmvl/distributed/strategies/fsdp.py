@@ -67,6 +67,9 @@ class FSDPStrategy(Strategy):
     needs_process_group = True
     handles_gradient_checkpointing = True
     shards_optimizer_state = True
+    shards_parameters = True
+    full_gradients = False
+    communicates_in_backward = True
 
     def wrap(self, model, optimizer):
         from torch.distributed.device_mesh import init_device_mesh

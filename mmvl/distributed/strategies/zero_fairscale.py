@@ -33,6 +33,8 @@ class ZeroFairscaleStrategy(Strategy):
     name = "zero_fairscale"
     needs_process_group = True
     shards_optimizer_state = True
+    full_gradients = False  # ShardedDDP reduces each gradient to the rank that owns its optimizer state
+    communicates_in_backward = True
 
     def wrap(self, model, optimizer):
         if optimizer is None:

@@ -43,6 +43,7 @@ class ZeroTorchStrategy(DDPStrategy):
 
     name = "zero_torch"
     shards_optimizer_state = True
+    full_gradients = False  # clipped through the strategy, on the whole prepared model
 
     def wrap(self, model, optimizer):
         from torch.distributed.optim import ZeroRedundancyOptimizer  # slow import (DTensor, sympy)

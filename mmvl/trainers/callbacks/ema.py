@@ -42,7 +42,7 @@ class EmaCallback(Callback):
         self.decay = float(trainer.sections.training.ema.decay or 0)
         if not 0 < self.decay < 1:
             raise UserError(f"training.ema.decay={self.decay} must be in (0, 1) (e.g. 0.999), or 0 to turn EMA off.")
-        if trainer.engine.strategy.name == "fsdp":
+        if trainer.engine.strategy.shards_parameters:
             raise UserError("training.ema.decay > 0 is not supported under distributed.strategy=fsdp (sharded "
                             "parameters); use ddp, or training.ema.decay=0.")
         self.updates = 0
