@@ -21,6 +21,7 @@ import torch
 
 from mmvl.build import build_datasets, build_model, model_config
 from mmvl.config.load import check_config_file
+from mmvl.config import schema
 from mmvl.config.schema import stages
 from mmvl.data.loaders import resolve_pin_memory
 from mmvl.data.predictions import check_prediction_targets
@@ -36,7 +37,7 @@ from mmvl.metrics import build_metrics
 from mmvl.optim import build_optimizer, build_scheduler, optimizer_section, scheduler_section
 from mmvl.optim.footprint import footprint_line
 from mmvl.trainers.contrastive_step import uses_cached_contrast
-from mmvl.trainers.evaluation import prepare_split
+from mmvl.trainers.evaluation import Evaluator, prepare_split
 from mmvl.trainers.resume import load_pretrained
 from mmvl.utils.logger import setup_logging
 from mmvl.utils.rng import seed_everything
@@ -64,6 +65,8 @@ class RunParts:
     cached_contrast: bool
     #: metrics by dataset name
     metrics: dict[str, Any]
+    #: the run's one evaluator (built over the prepared model; its checks made)
+    evaluator: Evaluator
     #: the endless training stream (None when the run does not train)
     train_data: Any | None
     #: the run's length in updates (from ``training.max_epochs`` when set)
@@ -96,7 +99,9 @@ def build_parts(config: Any, env: DistEnv | None = None) -> RunParts:
     log.info(footprint_line(model, inner(optimizer)))  # after sharding: what each rank holds
     metrics = {name: build_metrics(list(b.config.get("metrics") or []) + list(config.evaluation.get("metrics") or []))
                for name, b in builders.items()}
-    check_metrics(config, engine.unwrap_model(model), builders, metrics, losses, engine.strategy.shards_parameters)
+    evaluator = Evaluator(schema.section(config, "evaluation"), schema.section(config, "training"),
+                          str(config.env.save_dir), engine=engine, model=model, builders=builders, metrics=metrics,
+                          losses=losses, batch_size=batch_size, model_name=str(config.model))
     seed_everything(int(t.seed), env.rank)  # per-rank randomness from here on
     train_data = training_stream(config, engine, builders, batch_size) if "train" in stages(config) else None
     max_updates = run_length(t, train_data, engine.gradient_accumulation)
@@ -104,39 +109,7 @@ def build_parts(config: Any, env: DistEnv | None = None) -> RunParts:
     return RunParts(env=env, engine=engine, batch_size=batch_size, builders=builders, model=model,
                     optimizer=optimizer, scheduler=None if scheduler is None else engine.prepare(scheduler),
                     losses=losses, cached_contrast=uses_cached_contrast(losses, engine.gradient_accumulation),
-                    metrics=metrics, train_data=train_data, max_updates=max_updates)
-
-
-def check_metrics(config: Any, model: torch.nn.Module, builders: Mapping[str, Any], metrics: Mapping[str, list[Any]],
-                  losses: list[tuple[str, Any]], shards_parameters: bool) -> None:
-    """Before the first update: a metric of generated text needs a model that generates, a dataset
-    that decodes its ids, and a strategy whose ranks may decode apart; ``training.early_stop.criteria``
-    must name a value the run computes, where its metrics say beforehand what they compute."""
-    for name, listed in metrics.items():
-        generating = sorted(m.name for m in listed if getattr(m, "generates", False))
-        if not generating:
-            continue
-        if not callable(getattr(model, "generate", None)):
-            raise UserError(f"metrics {generating} of {name} score generated text, and model {config.model!r} does not "
-                            "generate; use a generative model (model=vlm) or drop them from metrics.")
-        if not callable(getattr(builders[name], "generated_text", None)):
-            raise UserError(f"metrics {generating} score generated text, and dataset {name!r} has no text targets to "
-                            "decode against; use a generative dataset (e.g. easy_vqa_generative) or drop them.")
-        if shards_parameters:
-            raise UserError(f"metrics {generating} decode on each rank apart, which FSDP's sharded parameters do not "
-                            "allow; evaluate under distributed.strategy=ddp (or single), or drop them.")
-    criteria = config.training.early_stop.get("criteria")
-    if not criteria or not metrics:
-        return
-    dataset = next((d for d in metrics if str(criteria).startswith(d + "/")), next(iter(metrics)))
-    metric = str(criteria)[len(dataset) + 1:] if str(criteria).startswith(dataset + "/") else str(criteria)
-    declared = [m.result_names() if hasattr(m, "result_names") else None for m in metrics[dataset]]
-    if not declared or any(names is None for names in declared):
-        return  # some metric tells its names only once computed: checked at the first evaluation
-    known = sorted({n for names in declared for n in names} | {n for n, _ in losses} | {"total_loss"})
-    if metric not in known:
-        raise UserError(f"training.early_stop.criteria={criteria!r}: the run does not compute {metric!r} for "
-                        f"{dataset}; use one of {', '.join(f'{dataset}/{k}' for k in known)}.")
+                    metrics=metrics, evaluator=evaluator, train_data=train_data, max_updates=max_updates)
 
 
 def own_save_dir(config: Any) -> None:

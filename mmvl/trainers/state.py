@@ -61,8 +61,6 @@ class TrainerState:
     #: the update of the latest checkpoint (-1: none yet)
     last_saved: int = -1
     best: Best = dataclasses.field(default_factory=Best)
-    #: inside ``fit()``: evaluations then are the periodic ones (``evaluation.generate_max_samples`` caps them)
-    fitting: bool = False
 
     @property
     def is_best(self) -> bool:
@@ -102,8 +100,9 @@ class TrainerProtocol(Protocol):
     def save_checkpoint(self, is_best: bool = False, full: bool = False) -> None:
         """Checkpoint this update (every rank calls it)."""
 
-    def evaluate(self, split: str = "val") -> dict[str, dict[str, float]]:
-        """Evaluate ``split`` (every rank calls it); dispatches ``on_evaluation_end``."""
+    def evaluate(self, split: str = "val", during_training: bool = False) -> dict[str, dict[str, float]]:
+        """Evaluate ``split`` (every rank calls it); dispatches ``on_evaluation_end``. ``during_training``:
+        a periodic evaluation (``evaluation.generate_max_samples`` caps its generation metrics)."""
 
     def publish(self, event: dict[str, Any]) -> None:
         """Hand ``event`` to every callback's ``on_log`` once the running hook's round is over."""

@@ -27,7 +27,6 @@ from mmvl.losses import compute_losses
 from mmvl.optim import base_lr
 from mmvl.trainers.contrastive_step import cached_contrastive_update
 from mmvl.trainers.evaluation import BestTracker
-from mmvl.trainers.evaluation import evaluate as evaluate_split
 from mmvl.trainers.finite import NonFiniteGuard, NonFiniteLossError
 from mmvl.trainers.parts import build_parts
 from mmvl.trainers.resume import resume
@@ -61,7 +60,7 @@ class Trainer:
         self.env, self.engine, self.batch_size, self.builders = parts.env, parts.engine, parts.batch_size, parts.builders
         self.model, self.optimizer, self.scheduler = parts.model, parts.optimizer, parts.scheduler
         self.losses, self.cached_contrast, self.metrics = parts.losses, parts.cached_contrast, parts.metrics
-        self.train_data = parts.train_data
+        self.train_data, self.evaluator = parts.train_data, parts.evaluator
         self.state = TrainerState(max_updates=parts.max_updates)
         t = config.training
         self.clip_grad_norm = t.get("clip_grad_norm")
@@ -105,22 +104,18 @@ class Trainer:
     def fit(self) -> None:
         self.model.train()
         state = self.state
-        state.fitting = True
-        try:
-            self.dispatch("on_train_start")
-            while state.update < state.max_updates and not state.should_stop:
-                self.dispatch("on_update_start")
-                info = self.train_step()
-                state.update += 1
-                state.epoch = self.epoch
-                self.best_tracker.saw_losses(info["losses"])
-                if state.update % self.log_interval == 0 or state.update >= state.max_updates:
-                    self.settle()
-                self.dispatch("on_update_end", info)
-            self.settle()
-            self.dispatch("on_train_end")
-        finally:
-            state.fitting = False
+        self.dispatch("on_train_start")
+        while state.update < state.max_updates and not state.should_stop:
+            self.dispatch("on_update_start")
+            info = self.train_step()
+            state.update += 1
+            state.epoch = self.epoch
+            self.best_tracker.saw_losses(info["losses"])
+            if state.update % self.log_interval == 0 or state.update >= state.max_updates:
+                self.settle()
+            self.dispatch("on_update_end", info)
+        self.settle()
+        self.dispatch("on_train_end")
 
     def train_step(self) -> dict[str, Any]:
         """One optimizer update over ``gradient_accumulation`` micro-batches (no wait on the device).
@@ -227,11 +222,12 @@ class Trainer:
         self.engine.save_checkpoint(self.checkpoints, self.state.update, is_best=is_best, full=full)
         self.state.last_saved = self.state.update
 
-    def evaluate(self, split: str = "val") -> dict[str, dict[str, float]]:
+    def evaluate(self, split: str = "val", during_training: bool = False) -> dict[str, dict[str, float]]:
         """Metrics over the whole ``split`` of each dataset, each sample counted once (streamed);
-        the best value is kept before any callback hears of the evaluation."""
+        the best value is kept before any callback hears of the evaluation. ``during_training``: a
+        periodic evaluation (``evaluation.generate_max_samples`` caps its generation metrics)."""
         self.settle()
-        results = evaluate_split(self, split)
+        results = self.evaluator.evaluate(split, during_training, [c.evaluating for c in self.callbacks])
         self.state.epoch = self.epoch
         self.state.last_eval = Evaluation(self.state.update, split, results)
         self.best_tracker.update(self.state, split, results)
@@ -318,10 +314,7 @@ def run(config: DictConfig) -> dict[str, Any]:
             return {"updates": state.update, "preempted": state.preempted}
     for split in ("val", "test"):
         if split in run_type:
-            last = state.last_eval
-            fresh = last is not None and last.update == state.update and last.split == split
-            # a capped generation score during training is not the split's: score all of it now
-            fresh = fresh and trainer.config.evaluation.get("generate_max_samples") is None
-            results[split] = last.results if fresh else trainer.evaluate(split)
+            reuse = trainer.evaluator.reuses(state.last_eval, state.update, split)
+            results[split] = state.last_eval.results if reuse else trainer.evaluate(split)
     results["updates"] = state.update
     return results

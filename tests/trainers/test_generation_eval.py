@@ -16,7 +16,7 @@ from mmvl.metrics import build_metrics
 from mmvl.metrics.generation import caption_scores, vqa_accuracy
 from mmvl.registry import METRICS
 from mmvl.trainers import Trainer
-from mmvl.trainers.parts import check_metrics
+from mmvl.trainers.evaluation import check_metrics
 from mmvl_cli.run import main
 from tests.fixtures.easy_vqa_generative_run import opts, write_root
 
@@ -95,8 +95,7 @@ def _evaluate_at(env, data: str, root: str, ckpt: str, cap: int) -> dict:
                               f"evaluation.metrics=[{', '.join(GENERATION)}]", f"evaluation.generate_max_samples={cap}",
                               "distributed.strategy=ddp", "checkpoint.resume_pretrained=true"))
     trainer = Trainer(config, env=env)
-    trainer.state.fitting = True  # as an evaluation during training sees it: the cap applies
-    return trainer.evaluate("val")[NAME]
+    return trainer.evaluate("val", during_training=True)[NAME]  # as during training: the cap applies
 
 
 @pytest.mark.proc  # 2 spawned gloo ranks
@@ -111,8 +110,7 @@ def test_two_ranks_score_what_one_process_scores(data, tmp_path, cap):
     one = Trainer(load_config(opts(data, tmp_path / "one", "run_type=val", f"checkpoint.resume_file={ckpt}",
                                    f"evaluation.metrics=[{', '.join(GENERATION)}]", "checkpoint.resume_pretrained=true",
                                    f"evaluation.generate_max_samples={cap_opt}")))
-    one.state.fitting = True
-    one = one.evaluate("val")[NAME]
+    one = one.evaluate("val", during_training=True)[NAME]
     ranks = launch(_evaluate_at, world_size=2, args=(str(data), str(tmp_path / "two"), ckpt, cap_opt), timeout=300)
     for rank in ranks:
         assert {k: rank[k] for k in GENERATION} == {k: one[k] for k in GENERATION}
@@ -125,19 +123,20 @@ class _Builder:
 def test_generation_metrics_need_a_generating_model_a_text_dataset_and_no_fsdp():
     metrics = {"d": build_metrics(["cider"])}
     config = load_config(["model=vlm", "datasets=easy_vqa_generative"])
+    names = (config.model, config.training.early_stop.criteria)  # the model's name, the early-stop criterion
 
     class Generates(torch.nn.Module):
         def generate(self, batch):
             return batch
 
     with pytest.raises(UserError, match="model 'vlm' does not generate"):
-        check_metrics(config, torch.nn.Linear(1, 1), {"d": _Builder()}, metrics, [], False)
+        check_metrics(*names, torch.nn.Linear(1, 1), {"d": _Builder()}, metrics, [], False)
     with pytest.raises(UserError, match="dataset 'd' has no text targets"):
-        check_metrics(config, Generates(), {"d": _Builder()}, metrics, [], False)
+        check_metrics(*names, Generates(), {"d": _Builder()}, metrics, [], False)
     text = type("TextBuilder", (), {"generated_text": lambda self, ids: []})()
-    check_metrics(config, Generates(), {"d": text}, metrics, [], False)
+    check_metrics(*names, Generates(), {"d": text}, metrics, [], False)
     with pytest.raises(UserError, match="distributed.strategy=ddp"):
-        check_metrics(config, Generates(), {"d": text}, metrics, [], True)
+        check_metrics(*names, Generates(), {"d": text}, metrics, [], True)
 
 
 def test_a_train_val_run_ends_with_the_whole_split_scored(data, tmp_path):

@@ -20,4 +20,4 @@ class EvaluationCallback(Callback):
         state = self.trainer.state
         if self.enabled and ((self.interval > 0 and state.update % self.interval == 0)
                              or state.update >= state.max_updates):
-            self.trainer.evaluate("val")
+            self.trainer.evaluate("val", during_training=True)

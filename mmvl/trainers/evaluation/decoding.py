@@ -1,0 +1,49 @@
+"""A generative model's decoding during evaluation, and the cap on the rows it decodes.
+
+It decodes with the model's ``generate`` (the KV cache, its ``generation`` settings, under
+autocast) the rows the generation metrics score: the split's first ``evaluation.generate_max_samples``
+in dataset order (the same rows at any world size) in the evaluations during training, every row in
+the others and with the cap null; or, when predictions are written, every row (the file holds the
+whole split).
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from mmvl.metrics import Metric
+from mmvl.trainers.evaluation.rows import batch_size_of, first_rows, owned
+
+log = logging.getLogger("mmvl")
+
+
+class Decoding:
+    """One dataset's decoding: ``cap`` is the generation metrics' row limit (None: the whole split)."""
+
+    def __init__(self, engine: Any, model: torch.nn.Module, total: int, metrics: list[Metric], cap: int | None):
+        self.engine = engine
+        self.generate = getattr(engine.unwrap_model(model), "generate", None)
+        self.scoring = any(m.generates for m in metrics)
+        self.total, self.limit = total, total if cap is None else min(int(cap), total)
+
+    def rows(self, seen: int, size: int, valid: int, env: Any) -> int:
+        """How many of a batch's first rows the generation metrics score: this rank's samples
+        ``seen .. seen + size`` that sit in the split's first ``limit`` (a prefix of the batch)."""
+        if not self.scoring:
+            return 0
+        return max(0, min(valid, owned(seen + size, self.limit, env) - owned(seen, self.limit, env)))
+
+    def run(self, batch: Mapping[str, Any], n: int) -> torch.Tensor | None:
+        """New token ids (``n x max_new_tokens``) of the batch's first ``n`` rows; None for none."""
+        if not n or self.generate is None:
+            return None
+        with self.engine.autocast():
+            return self.generate(first_rows(batch, n, batch_size_of(batch)))
+
+    def log_cap(self, what: str, active: list[Metric], main: bool) -> None:
+        if main and self.limit < self.total and any(m.generates for m in active):
+            log.info("%s: the generation metrics scored the first %d of %d samples (evaluation.generate_max_samples, "
+                     "during training)", what, self.limit, self.total)
