@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from mmvl.config.access import config_value
+from mmvl.config.schema import typed_section
 from mmvl.errors import UserError, did_you_mean
 
 #: event fields that are not metrics
@@ -125,7 +125,7 @@ class Run:
         """Train fields that are losses: ``total_loss``, names ending in ``loss``, the configured
         losses, and any train field an evaluation also reports (evaluations report the losses)."""
         model = self.config.get("model")
-        configured = config_value(self.config, f"model_config.{model}.losses", []) if model else []
+        configured = (((self.config.get("model_config") or {}).get(model) or {}).get("losses") or []) if model else []
         named = {e if isinstance(e, str) else e.get("type") for e in configured}
         evaluated = {k for d in self.metrics("val").values() for k in d}
         keys: list[str] = []
@@ -142,8 +142,9 @@ class Run:
 
     def minimize(self, dataset: str, metric: str) -> bool:
         """The early-stop direction when this metric is its criterion, else :func:`minimize`."""
-        chosen = config_value(self.config, "training.early_stop.minimize")
-        if chosen is not None and config_value(self.config, "training.early_stop.criteria") in (
+        stop = typed_section(self.config, "training").early_stop
+        chosen = stop.minimize
+        if chosen is not None and stop.criteria in (
                 f"{dataset}/{metric}", metric):
             return bool(chosen)
         return minimize(metric) or metric in self.loss_keys()
@@ -159,7 +160,7 @@ class Run:
         last = {d: ev[-1] for d, ev in self.evaluations("val").items() if ev}
         if not last:
             return None
-        criteria = config_value(self.config, "training.early_stop.criteria")
+        criteria = typed_section(self.config, "training").early_stop.criteria
         dataset, metric = resolve_metric(criteria, last, "training.early_stop.criteria", self.loss_keys())
         return f"{dataset}/{metric}"
 

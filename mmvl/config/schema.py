@@ -323,7 +323,24 @@ def section(config: Any, name: str) -> Any:
     if match is None:
         raise KeyError(f"{name!r} is not a typed config section")
     values = config.get(name) if isinstance(config, Mapping) else getattr(config, name)
+    if isinstance(values, match.default_factory):  # already typed (e.g. the Engine's sections)
+        return values
     return _build(match.default_factory, values or {})
+
+
+def typed_section(config: Any, name: str) -> Any:
+    """The typed section ``name`` of ``config`` (None: the schema's defaults). A field set to null
+    takes its declared default, as a dotted look-up with that default did; a default that is an
+    interpolation (``${device_count:}``, resolved only when a config is loaded) reads as unset."""
+    typed = section(config if config is not None else {}, name)
+    changes = {}
+    for f in dataclasses.fields(typed):
+        value = getattr(typed, f.name)
+        if value is None and f.default is not dataclasses.MISSING:
+            value = changes[f.name] = f.default
+        if isinstance(value, str) and value.startswith("${") and value == f.default:
+            changes[f.name] = None
+    return dataclasses.replace(typed, **changes) if changes else typed
 
 
 def _build(cls: type, values: Mapping[str, Any]) -> Any:

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from mmvl.config.schema import BACKENDS
 from mmvl.distributed import inflight
 from mmvl.distributed.env import DistEnv
-from mmvl.distributed.sections import typed_section
+from mmvl.config.schema import typed_section
 from mmvl.distributed.slurm import detect_slurm
 from mmvl.errors import UserError
 from mmvl.utils.rng import seed_everything

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from mmvl.distributed.init import detect_launcher, device_count
-from mmvl.distributed.sections import typed_section
+from mmvl.config.schema import typed_section
 from mmvl.errors import UserError
 
 log = logging.getLogger(__name__)

@@ -12,7 +12,8 @@
   is the Engine).
 """
 from mmvl.engine.accelerate import DistributedType, find_executable_batch_size, set_seed
-from mmvl.engine.core import Engine, compile_model
+from mmvl.engine.core import Engine
+from mmvl.utils.compile import compile_model
 from mmvl.engine.loaders import prepare_data_loader
 from mmvl.engine.local_sgd import LocalSGD
 from mmvl.engine.nested import gather, gather_object, synchronize_rng_states

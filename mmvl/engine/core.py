@@ -30,17 +30,15 @@ paths share one implementation of precision, accumulation, strategy and checkpoi
 """
 from __future__ import annotations
 
-import atexit
 import contextlib
 import os
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from mmvl.checkpoint import CheckpointManager, Checkpointables, schema
-from mmvl.config.schema import section
 from mmvl.data.sample import to_device
 from mmvl.distributed import comm
 from mmvl.distributed.env import DistEnv
@@ -50,10 +48,12 @@ from mmvl.engine.accelerate import accelerate_keywords, autocast_forward, launch
 from mmvl.engine.accelerator import AcceleratorMembers
 from mmvl.engine.loaders import PreparedLoader
 from mmvl.engine.process import AcceleratorState
+from mmvl.engine.sections import EngineSections, build_engine_strategy, init_process
 from mmvl.engine.plugins import GradientState, accumulation_plugin, dataloader_configuration, plugin_steps
 from mmvl.engine.prepared import PreparedOptimizer, PreparedScheduler, inner, rebind_scheduler
 from mmvl.errors import UserError
 from mmvl import tracking
+from mmvl.utils.compile import compile_model
 from mmvl.utils.precision import apply_matmul_precision, compute_dtype
 
 
@@ -65,13 +65,15 @@ class Engine(AcceleratorMembers):
     ``precision``/``gradient_accumulation``/``device`` under Accelerate's names).
     """
 
-    def __init__(self, config: DictConfig | None = None, *, env: DistEnv | None = None,
+    def __init__(self, config: DictConfig | None = None, *, sections: EngineSections | None = None,
+                 env: DistEnv | None = None,
                  precision: str | None = None, gradient_accumulation: int | None = None,
                  strategy: str | Strategy | None = None, device: str | torch.device | None = None,
                  prefetch: bool | None = None, mixed_precision: str | None = None, cpu: bool = False,
                  gradient_accumulation_steps: int | None = None, project_dir: str | os.PathLike[str] | None = None,
                  log_with: Any = None, dataloader_config: Any = None, gradient_accumulation_plugin: Any = None):
-        """``device``: ``auto`` (CUDA when present), ``cpu``, ``cuda`` or ``cuda:N`` (one process),
+        """``config``: a loaded config, split here into its :class:`EngineSections` (or pass
+        ``sections``); ``device``: ``auto`` (CUDA when present), ``cpu``, ``cuda`` or ``cuda:N`` (one process),
         as ``training.device``; ``prefetch``: as ``training.prefetch`` (default true);
         ``project_dir``: where ``save_state()`` without a folder writes ``checkpoints/checkpoint_<n>``
         and trackers write their files; ``log_with``: ``"all"``, a tracker name or a list (see
@@ -86,51 +88,59 @@ class Engine(AcceleratorMembers):
         precision, gradient_accumulation, device = accelerate_keywords(
             precision=precision, gradient_accumulation=gradient_accumulation, mixed_precision=mixed_precision,
             gradient_accumulation_steps=gradient_accumulation_steps, cpu=cpu, device=device)
-        if config is None:  # a script's Engine: what mmvl_launch chose, where its arguments say nothing
+        scripted = config is None and sections is None  # a script's Engine, made without a config
+        if scripted:  # what mmvl_launch chose, where its arguments say nothing
             precision = precision if precision is not None else launched_precision()
             gradient_accumulation = gradient_accumulation or launched_accumulation()
-        self.project_dir = None if project_dir is None else str(project_dir)
-        #: the trackers ``log_with`` names (checked here, on every rank); made by ``init_trackers``
-        self.log_with = tracking.resolve(log_with, f"Engine(log_with={log_with!r})")
-        self.trackers: list[tracking.Tracker] = []
-        self._loader_names: list[str] = []
-        self._loaders: list[PreparedLoader] = []  # what join_uneven_inputs overrides
+        self._start_trackers_and_loaders(project_dir, log_with)
         #: Accelerate's schedule rule for a script's Engine (made without a config): see PreparedScheduler
-        self.scheduler_per_process = config is None
-        config = config if config is not None else OmegaConf.create({})
+        self.scheduler_per_process = scripted
+        sections = sections if sections is not None else EngineSections.of(config)
         if device is not None:
             if env is not None:
                 raise UserError("Engine(env=..., device=...): the env already names the device; pass one.")
-            config = OmegaConf.merge(config, {"training": {"device": str(device)}})
-        training = section(config, "training")  # typed, with the schema's defaults for what is unset
-        self.config = config
-        self.env = env or _init_process(config)
+            sections = sections.with_device(device)
+        training = sections.training  # typed, with the schema's defaults for what is unset
+        #: the sections this Engine was built from
+        self.sections = sections
+        self.env = env or init_process(sections)
         apply_matmul_precision(training.matmul_precision, self.device.type, announce=self.is_main_process)
         self.precision = precision or training.precision  # MMF's fp16 flag was resolved at load
         self._dtype = compute_dtype(self.precision)  # a UserError for an unknown name
-        k = gradient_accumulation or training.gradient_accumulation or 1
-        if int(k) < 1:
-            raise UserError(f"training.gradient_accumulation={k} must be >= 1.")
-        self.gradient_accumulation = int(k)
-        self.strategy = strategy if isinstance(strategy, Strategy) else _build_strategy(
-            config, self.env, strategy, self._dtype)
+        self.gradient_accumulation = _accumulation(gradient_accumulation or training.gradient_accumulation or 1)
+        self.strategy = strategy if isinstance(strategy, Strategy) else build_engine_strategy(
+            sections, self.env, strategy, self._dtype)
         self.scaler = self.strategy.make_grad_scaler(self.precision == "fp16")
         self._generation = AcceleratorState._set(self.env, self._strategy_distributed_type(), self.mixed_precision)
         self.prefetch = bool(training.prefetch if prefetch is None else prefetch)
-        self.compile = bool(training.compile)
-        self.compile_backend = str(training.compile_backend or "inductor")
-        if self.compile and self.strategy.replicas_in_one_process:
-            raise UserError("training.compile=true does not work with distributed.strategy=dp (its replicas "
-                            "would share one compiled forward); use ddp (torchrun) or training.compile=false.")
+        self._compile_settings(training)
         self._micro_step = 0
         #: fp16: the prepared optimizer's gradients were unscaled for clipping in this update
         self.grads_unscaled = False
         self._prepared: dict[str, Any] = {}
         #: what a checkpoint of this Engine holds, by name (see :meth:`register_checkpointable`)
         self.checkpointables = Checkpointables()
-        if self.scaler is not None:
-            self.checkpointables.register(schema.SCALER, self.scaler)
-        self.checkpointables.register(schema.RNG, engine_state.rng_state(self.env))
+        for name, obj in ((schema.SCALER, self.scaler), (schema.RNG, engine_state.rng_state(self.env))):
+            if obj is not None:
+                self.checkpointables.register(name, obj)
+
+    def _compile_settings(self, training: Any) -> None:
+        """``training.compile`` and its backend, refused where the strategy's replicas would share one
+        compiled forward (DataParallel)."""
+        self.compile = bool(training.compile)
+        self.compile_backend = str(training.compile_backend or "inductor")
+        if self.compile and self.strategy.replicas_in_one_process:
+            raise UserError("training.compile=true does not work with distributed.strategy=dp (its replicas "
+                            "would share one compiled forward); use ddp (torchrun) or training.compile=false.")
+
+    def _start_trackers_and_loaders(self, project_dir: str | os.PathLike[str] | None, log_with: Any) -> None:
+        """Where ``save_state()`` and trackers write, the trackers ``log_with`` names (checked here, on
+        every rank; made by ``init_trackers``), and no prepared loaders yet."""
+        self.project_dir = None if project_dir is None else str(project_dir)
+        self.log_with = tracking.resolve(log_with, f"Engine(log_with={log_with!r})")
+        self.trackers: list[tracking.Tracker] = []
+        self._loader_names: list[str] = []
+        self._loaders: list[PreparedLoader] = []  # what join_uneven_inputs overrides
 
     # -- properties ---------------------------------------------------------
     @property
@@ -362,37 +372,8 @@ class Engine(AcceleratorMembers):
                                   inner(self.prepared_optimizer) if optimizer else None)
 
 
-def compile_model(model: torch.nn.Module, backend: str = "inductor", per_unit: bool = False) -> None:
-    """``torch.compile`` ``model`` in place, before any parallel wrapper.
-
-    ``Module.compile`` keeps parameter names (and so checkpoints) those of the eager
-    model: no ``_orig_mod.`` prefixes. ``per_unit`` compiles each of ``model.shard_units()``
-    (its transformer layers) on its own, which keeps DDP's bucketed all-reduce and FSDP's
-    per-layer gathers overlapping backward; without units, or one process, the whole model
-    is compiled (the most fusion).
-    """
-    units = list(model.shard_units()) if per_unit and hasattr(model, "shard_units") else []
-    for module in units or [model]:
-        module.compile(backend=backend)
-
-
-def _init_process(config: Any) -> DistEnv:
-    """Read the launcher and join its process group when none exists yet (as Accelerate does);
-    a group this creates is left again at exit."""
-    from mmvl.distributed.init import destroy, init_distributed
-
-    existed = comm.is_initialized()
-    env = init_distributed(config)
-    if not existed and comm.is_initialized():
-        atexit.register(destroy)
-    return env
-
-
-def _build_strategy(config: DictConfig, env: DistEnv, name: str | None, dtype: torch.dtype | None) -> Strategy:
-    try:
-        from mmvl.distributed.strategies import build_strategy
-    except ImportError:  # the strategies package is optional at import time
-        return Strategy(config, env, dtype)
-    if name is not None:
-        config = OmegaConf.merge(config, {"distributed": {"strategy": name}})
-    return build_strategy(config, env, dtype)
+def _accumulation(k: Any) -> int:
+    """``training.gradient_accumulation`` (or the keyword) checked: micro-batches per update, 1 or more."""
+    if int(k) < 1:
+        raise UserError(f"training.gradient_accumulation={k} must be >= 1.")
+    return int(k)

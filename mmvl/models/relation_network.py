@@ -63,6 +63,15 @@ def crop_side(feature_dim: int) -> int:
     return side
 
 
+def classifier(width: int, hidden: list[int], dropout: float, num_labels: int) -> nn.Sequential:
+    """f: ReLU layers of ``hidden`` widths over the pooled relations, dropout, then the scores."""
+    layers: list[nn.Module] = []
+    for size in hidden:
+        layers += [nn.Linear(width, size), nn.ReLU(inplace=True)]
+        width = size
+    return nn.Sequential(*layers, nn.Dropout(dropout), nn.Linear(width, num_labels))
+
+
 @register_model("relation_network")
 class RelationNetwork(BaseModel):
     """CNN cells + coordinates -> all pairs with the question through g, summed -> f -> scores."""
@@ -100,13 +109,7 @@ class RelationNetwork(BaseModel):
             self.image_encoder = build_image_encoder(encoder_spec)
             object_dim = int(self.image_encoder.out_dim) + (BOX_DIM if self.crop_side else 2)
         self.vocab_size = int(cfg["vocab_size"])
-        if self.question_type == "bag_of_words":
-            self.bag_of_words = nn.Linear(self.vocab_size, question_dim)
-        else:
-            self.word_embeddings = nn.Embedding(self.vocab_size, word_dim, padding_idx=0)
-            self.question_lstm = nn.LSTM(word_dim, question_dim, batch_first=True)
-            with torch.no_grad():  # gates i, f, g, o: a forget bias keeps early words (the colour) in the last state
-                self.question_lstm.bias_ih_l0[question_dim:2 * question_dim] += float(q.get("forget_bias", 0.0))
+        self._question_layers(word_dim, question_dim, float(q.get("forget_bias", 0.0)))
         film, keys_only = cfg.get("object_encoder_film", False), cfg.get("film_keys_only", False)
         if not isinstance(keys_only, bool) or (keys_only and not (film and cfg.get("question_attention"))):
             raise UserError(f"relation_network: film_keys_only={keys_only!r}; use true (with object_encoder_film "
@@ -131,14 +134,18 @@ class RelationNetwork(BaseModel):
         self.relation = PairwiseRelation(object_dim, question_dim,
                                          [int(w) for w in cfg.get("g_hidden_sizes") or [256, 256, 256, 256]],
                                          str(cfg.get("pair_reduction") or "sum"), geometry, pooled)
-        f_sizes = [int(w) for w in cfg.get("f_hidden_sizes") or [256, 256]]
-        layers = []
-        prev = self.relation.out_dim
-        for width in f_sizes:
-            layers += [nn.Linear(prev, width), nn.ReLU(inplace=True)]
-            prev = width
-        layers += [nn.Dropout(float(cfg.get("f_dropout", 0.5))), nn.Linear(prev, num_labels)]
-        self.f = nn.Sequential(*layers)
+        self.f = classifier(self.relation.out_dim, [int(w) for w in cfg.get("f_hidden_sizes") or [256, 256]],
+                            float(cfg.get("f_dropout", 0.5)), num_labels)
+
+    def _question_layers(self, word_dim: int, question_dim: int, forget_bias: float) -> None:
+        """The question encoder's layers: a linear map of word counts, or embeddings and an LSTM."""
+        if self.question_type == "bag_of_words":
+            self.bag_of_words = nn.Linear(self.vocab_size, question_dim)
+            return
+        self.word_embeddings = nn.Embedding(self.vocab_size, word_dim, padding_idx=0)
+        self.question_lstm = nn.LSTM(word_dim, question_dim, batch_first=True)
+        with torch.no_grad():  # gates i, f, g, o: a forget bias keeps early words (the colour) in the last state
+            self.question_lstm.bias_ih_l0[question_dim:2 * question_dim] += forget_bias
 
     def encode_question(self, batch: dict[str, Any]) -> torch.Tensor:
         """The LSTM state after the last real token (padding after it cannot change it), or a linear

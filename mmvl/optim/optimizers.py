@@ -9,7 +9,7 @@ MMF's transformer models. Embedding tables do decay (also the BERT convention).
 A model's ``lr_multipliers()`` (parameter-name prefix -> factor) puts those
 parameters in groups whose lr is the base lr times the factor (e.g. a pretrained
 text encoder at 0.1x); a model that needs its own grouping altogether defines
-``get_optimizer_parameters(config) -> list[param group dict]``. The config adds names that never
+``get_optimizer_parameters(section) -> list[param group dict]`` (the typed optimizer section). The config adds names that never
 decay (``optimizer.no_weight_decay``: ``logit_scale``, ``logit_bias``), per-part learning rates
 (``optimizer.param_groups``) and layer-wise lr decay (``optimizer.layer_decay``): see
 :mod:`mmvl.optim.groups`. Frozen parameters
@@ -129,10 +129,10 @@ def implementation_default(factory: Any, device: torch.device | str | None,
 
 
 def build_optimizer(model: torch.nn.Module, section: schema.Optimizer, device: torch.device | str | None = None,
-                    *, batch_size: int | None = None, config: Any = None) -> torch.optim.Optimizer:
+                    *, batch_size: int | None = None) -> torch.optim.Optimizer:
     """Build the optimizer ``section`` describes for ``model`` (already wrapped or not), which will
-    train on ``device``. ``batch_size``: the global one ``lr_scaling`` scales by; ``config``: the
-    whole config, only handed to a model's own ``get_optimizer_parameters(config)`` (MMF's hook)."""
+    train on ``device``. ``batch_size``: the global one ``lr_scaling`` scales by. A model's own
+    ``get_optimizer_parameters(section)`` (MMF's hook) is handed this section, not the whole config."""
     require_section(section, schema.Optimizer, "build_optimizer")
     require_optimizer_type(section.type)
     name, params = component_spec({"type": section.type, "params": section.params}, "optimizer")
@@ -151,7 +151,7 @@ def build_optimizer(model: torch.nn.Module, section: schema.Optimizer, device: t
         if section.param_groups or layer_decay != 1.0:
             raise UserError(f"{type(model).__name__} makes its own parameter groups (get_optimizer_parameters), so "
                             "optimizer.param_groups and optimizer.layer_decay would be ignored; unset them.")
-        groups = trainable_only(custom(config))
+        groups = trainable_only(custom(section))
     else:
         no_decay = section.no_weight_decay
         groups = param_groups(model, params.get("weight_decay"), _lr_multipliers(model), section.param_groups,

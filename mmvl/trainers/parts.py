@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from mmvl.build import build_datasets, build_model, model_config
+from mmvl.build import ModelSection, dataset_sections, datasets_from, filled_model_config, model_from
 from mmvl.config.load import check_config_file
 from mmvl.config import schema
 from mmvl.config.schema import stages
@@ -29,6 +29,7 @@ from mmvl.data.sample import DevicePrefetcher
 from mmvl.data.shard_stream import train_stream
 from mmvl.distributed.env import DistEnv
 from mmvl.engine import Engine
+from mmvl.engine.sections import EngineSections
 from mmvl.engine.prepared import inner
 from mmvl.errors import UserError
 from mmvl.locks import lock_dir
@@ -43,6 +44,30 @@ from mmvl.utils.logger import setup_logging
 from mmvl.utils.rng import seed_everything
 
 log = logging.getLogger("mmvl")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSections:
+    """Every section :func:`build_parts` hands out, resolved once from the loaded config: each
+    builder is called with its own."""
+
+    #: the model's name and ``model_config.<model>`` (a run without a model stops here)
+    model: ModelSection
+    #: ``dataset_config.<name>`` of each chosen dataset, in the order chosen
+    datasets: dict[str, Any]
+    training: schema.Training
+    evaluation: schema.Evaluation
+    multitasking: Any
+    env: schema.Env
+    engine: EngineSections
+    stages: frozenset[str]
+
+    @classmethod
+    def of(cls, config: Any) -> "RunSections":
+        model = ModelSection.of(config)  # before the datasets: a run without a model says so first
+        return cls(model=model, datasets=dataset_sections(config), training=schema.section(config, "training"),
+                   evaluation=schema.section(config, "evaluation"), multitasking=config.get("multitasking"),
+                   env=schema.section(config, "env"), engine=EngineSections.of(config), stages=stages(config))
 
 
 @dataclasses.dataclass
@@ -79,31 +104,31 @@ def build_parts(config: Any, env: DistEnv | None = None) -> RunParts:
     from mmvl.distributed.init import init_distributed
 
     env = env or init_distributed(config)
-    t = config.training
     Engine.on_main_agreed(functools.partial(own_save_dir, config), "own env.save_dir")
-    setup_logging(str(config.env.save_dir), env.rank, bool(t.get("colored_logs")))
+    run = RunSections.of(config)
+    t = run.training
+    setup_logging(str(run.env.save_dir), env.rank, bool(t.colored_logs))
     seed_everything(int(t.seed))  # identical model initialisation on every rank
-    engine = Engine(config, env=env)
+    engine = Engine(sections=run.engine, env=env)
     if int(t.batch_size) % env.world_size:
         raise UserError(f"training.batch_size={t.batch_size} is not divisible by the world size "
                         f"{env.world_size}; use a multiple of {env.world_size}.")
     batch_size = int(t.batch_size) // env.world_size
-    builders = build_datasets(config)
-    prepare_data(engine, builders, stages(config))
-    model = build_model(config, builders, checkpointing=not engine.strategy.handles_gradient_checkpointing)
+    builders = datasets_from(run.datasets, run.env)
+    prepare_data(engine, builders, run.stages)
+    model = model_from(run.model, builders, bool(t.gradient_checkpointing),
+                       checkpointing=not engine.strategy.handles_gradient_checkpointing)
     load_pretrained(engine, model, config)  # checkpoint.resume_pretrained: weights only, before wrapping
-    losses = build_losses(list(model_config(config, builders).get("losses") or []))
-    optimizer = build_optimizer(model, optimizer_section(config), env.device, batch_size=int(t.batch_size),
-                                config=config)
+    losses = build_losses(list(filled_model_config(run.model, builders).get("losses") or []))
+    optimizer = build_optimizer(model, optimizer_section(config), env.device, batch_size=int(t.batch_size))
     model, optimizer = engine.prepare(model, optimizer)
     log.info(footprint_line(model, inner(optimizer)))  # after sharding: what each rank holds
-    metrics = {name: build_metrics(list(b.config.get("metrics") or []) + list(config.evaluation.get("metrics") or []))
+    metrics = {name: build_metrics(list(b.config.get("metrics") or []) + list(run.evaluation.metrics or []))
                for name, b in builders.items()}
-    evaluator = Evaluator(schema.section(config, "evaluation"), schema.section(config, "training"),
-                          str(config.env.save_dir), engine=engine, model=model, builders=builders, metrics=metrics,
-                          losses=losses, batch_size=batch_size, model_name=str(config.model))
+    evaluator = Evaluator(run.evaluation, t, str(run.env.save_dir), engine=engine, model=model, builders=builders,
+                          metrics=metrics, losses=losses, batch_size=batch_size, model_name=run.model.name)
     seed_everything(int(t.seed), env.rank)  # per-rank randomness from here on
-    train_data = training_stream(config, engine, builders, batch_size) if "train" in stages(config) else None
+    train_data = training_stream(t, run.multitasking, engine, builders, batch_size) if "train" in run.stages else None
     max_updates = run_length(t, train_data, engine.gradient_accumulation)
     scheduler = build_scheduler(optimizer.optimizer, scheduler_section(config), max_updates)
     return RunParts(env=env, engine=engine, batch_size=batch_size, builders=builders, model=model,
@@ -120,7 +145,7 @@ def own_save_dir(config: Any) -> None:
     check_writable(save_dir)
     lock_dir(save_dir)  # one run per save dir, for this process's life
     check_config_file(os.path.join(save_dir, "config.yaml"))
-    if config.evaluation.get("predict"):  # before training, not after it
+    if schema.section(config, "evaluation").predict:  # before training, not after it
         check_prediction_targets(save_dir, [str(n) for n in config.datasets or []],
                                  [s for s in ("val", "test") if s in stages(config)])
 
@@ -153,10 +178,12 @@ def prepare_data(engine: Engine, builders: Mapping[str, Any], run: frozenset[str
         prepare_split(builders, split, engine.is_main_process)  # so a bad record stops it now (rank 0 caches)
 
 
-def training_stream(config: Any, engine: Engine, builders: Mapping[str, Any], batch_size: int) -> Any:
+def training_stream(training: schema.Training, multitasking: Any, engine: Engine, builders: Mapping[str, Any],
+                    batch_size: int) -> Any:
     """This rank's endless stream of training batches over every dataset (a ShardStream for shard
-    datasets; several datasets are sampled by ``multitasking``), copied to the GPU ahead."""
-    t, env = config.training, engine.env
+    datasets; several datasets are sampled by ``multitasking``, its section as written), copied to
+    the GPU ahead. ``training``: the typed section (seed, workers, pinning, length grouping)."""
+    t, env = training, engine.env
     streams = {name: train_stream(
         b.build("train"), batch_size=batch_size, collate_fn=b.collate,
         seed=int(t.seed), rank=env.rank, world_size=env.world_size,
@@ -167,7 +194,7 @@ def training_stream(config: Any, engine: Engine, builders: Mapping[str, Any], ba
     if len(streams) > 1:
         from mmvl.data.multi import MultiStream
 
-        stream = MultiStream(streams, config.get("multitasking"), seed=int(t.seed))
+        stream = MultiStream(streams, multitasking, seed=int(t.seed))
     if env.device.type == "cuda" and engine.prefetch:  # copy the next batch on a side stream
         stream = DevicePrefetcher(stream, env.device)
     return stream
@@ -176,6 +203,6 @@ def training_stream(config: Any, engine: Engine, builders: Mapping[str, Any], ba
 def run_length(training: Any, train_data: Any | None, accumulation: int) -> int:
     """The run's length in updates: ``training.max_epochs`` over the training data when set, else
     ``training.max_updates``."""
-    if training.get("max_epochs") and train_data is not None:
+    if training.max_epochs and train_data is not None:
         return max(1, int(train_data.batches_per_epoch / accumulation * float(training.max_epochs)))
     return int(training.max_updates)

@@ -21,7 +21,7 @@ from mmvl import registry
 from mmvl.build import build_callbacks
 from mmvl.checkpoint import CheckpointManager, State, schema
 from mmvl.config import save_config
-from mmvl.config.schema import stages
+from mmvl.config.schema import stages, typed_section
 from mmvl.distributed.env import DistEnv
 from mmvl.losses import compute_losses
 from mmvl.optim import base_lr
@@ -62,24 +62,25 @@ class Trainer:
         self.losses, self.cached_contrast, self.metrics = parts.losses, parts.cached_contrast, parts.metrics
         self.train_data, self.evaluator = parts.train_data, parts.evaluator
         self.state = TrainerState(max_updates=parts.max_updates)
-        t = config.training
-        self.clip_grad_norm = t.get("clip_grad_norm")
+        t = self.sections.training
+        self.clip_grad_norm = t.clip_grad_norm
         self.log_interval = max(1, int(t.log_interval or 1))
         self.flops = FlopCount()
-        self.nonfinite = NonFiniteGuard(self.engine.all_reduce, enabled=bool(t.get("exit_on_nan", True))
+        exit_on_nan = True if t.exit_on_nan is None else bool(t.exit_on_nan)
+        self.nonfinite = NonFiniteGuard(self.engine.all_reduce, enabled=exit_on_nan
                                         and self.engine.precision != "fp16")  # fp16: the scaler skips them
         stop = t.early_stop
-        self.best_tracker = BestTracker(stop.get("criteria"), stop.get("minimize"), {name for name, _ in self.losses})
+        self.best_tracker = BestTracker(stop.criteria, stop.minimize, {name for name, _ in self.losses})
         self._published: list[dict[str, Any]] = []  # on_log events waiting for the end of a hook's round
-        self.checkpoints = CheckpointManager(str(config.env.save_dir), int(config.checkpoint.max_to_keep))
-        keyed = build_callbacks(config, self)  # training.builtin_callbacks, then training.callbacks
+        self.checkpoints = CheckpointManager(str(self.sections.env.save_dir), int(self.sections.checkpoint.max_to_keep))
+        keyed = build_callbacks(self.sections, self)  # training.builtin_callbacks, then training.callbacks
         self.callback_keys = [key for key, _ in keyed]  # their state's names in checkpoints
         self.callbacks = [callback for _, callback in keyed]
         self._register_checkpointables(checkpointables or {})
         self.resumed_from = resume(self)  # the checkpoint (file or sharded directory) or None
         self.state.epoch = self.epoch
         if self.env.is_main_process:  # only once everything was built: a failed start changes nothing
-            save_config(config, os.path.join(str(config.env.save_dir), "config.yaml"))
+            save_config(config, os.path.join(str(self.sections.env.save_dir), "config.yaml"))
 
     @property
     def epoch(self) -> int:
@@ -305,7 +306,7 @@ def mean_losses(micro: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]
 
 def run(config: DictConfig) -> dict[str, Any]:
     """Run the stages ``config.run_type`` names (train, val, test in that order) and return the results."""
-    trainer = registry.TRAINERS.get(config.training.get("trainer", "mmvl"))(config)
+    trainer = registry.TRAINERS.get(typed_section(config, "training").trainer)(config)
     run_type, state = stages(config), trainer.state
     results: dict[str, Any] = {}
     if "train" in run_type:

@@ -4,10 +4,13 @@ Each break splits a compiled model into more graphs (less fusion, a return to Py
 knowing them per model is what lets ``fullgraph=True`` be the aim. Dynamo runs with the ``eager``
 backend (no kernels generated), so this costs one trace of the call: seconds at tiny sizes.
 Used by the model tests (a pinned list per registered model) and ``benchmarks/step_speed.py``.
+:func:`compile_model` is how the Engine compiles a model for ``training.compile``.
 """
 from __future__ import annotations
 
 from typing import Any, Callable
+
+import torch
 
 
 def _reason(message: str) -> str:
@@ -49,3 +52,17 @@ def graph_breaks(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[str]
     new = {_reason(message) for kind, seen in before.items() for message, n in counters[kind].items()
            if n > seen.get(message, 0)}
     return sorted(new) or [f"a break Dynamo gave no reason for ({graphs} graphs)"]
+
+
+def compile_model(model: torch.nn.Module, backend: str = "inductor", per_unit: bool = False) -> None:
+    """``torch.compile`` ``model`` in place, before any parallel wrapper.
+
+    ``Module.compile`` keeps parameter names (and so checkpoints) those of the eager
+    model: no ``_orig_mod.`` prefixes. ``per_unit`` compiles each of ``model.shard_units()``
+    (its transformer layers) on its own, which keeps DDP's bucketed all-reduce and FSDP's
+    per-layer gathers overlapping backward; without units, or one process, the whole model
+    is compiled (the most fusion).
+    """
+    units = list(model.shard_units()) if per_unit and hasattr(model, "shard_units") else []
+    for module in units or [model]:
+        module.compile(backend=backend)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mmvl.distributed.sections import typed_section
+from mmvl.config.schema import typed_section
 
 ROOT = Path(__file__).resolve().parents[2]
 

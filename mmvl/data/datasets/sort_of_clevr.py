@@ -30,7 +30,6 @@ from omegaconf import DictConfig
 from torch.utils.data import Dataset
 
 from mmvl import io
-from mmvl.config.access import config_value
 from mmvl.config.components import build_component, component_spec
 from mmvl.data.base import DatasetBuilder
 from mmvl.data.datasets.sort_of_clevr_regions import object_regions
@@ -308,7 +307,7 @@ class SortOfClevrBuilder(DatasetBuilder):
 
     # -- contract ------------------------------------------------------------------------------
     def _tokenizer_spec(self) -> tuple[str, dict[str, Any]]:
-        return component_spec(config_value(self.config, "processors.text_processor", "bert_tokenizer"), _TEXT)
+        return component_spec((self.config.get("processors") or {}).get("text_processor") or "bert_tokenizer", _TEXT)
 
     @property
     def text_processor(self):

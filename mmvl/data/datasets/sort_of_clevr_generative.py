@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 from mmvl.config.components import build_component, component_spec
-from mmvl.config.access import config_value
 from mmvl.data.datasets.sort_of_clevr import ANSWERS, SortOfClevrBuilder, SortOfClevrDataset, all_questions
 from mmvl.data.processors import prompt_answer as _prompt_answer  # noqa: F401  (registers prompt_answer)
 from mmvl.data.datasets.text_generation import GeneratesText
@@ -49,7 +48,7 @@ class SortOfClevrGenerativeBuilder(GeneratesText, SortOfClevrBuilder):
     @property
     def text_processor(self):
         if self._processor is None:
-            kind, params = component_spec(config_value(self.config, "processors.text_processor"), _TEXT)
+            kind, params = component_spec((self.config.get("processors") or {}).get("text_processor"), _TEXT)
             if kind != "prompt_answer":
                 raise UserError(f"{_TEXT}.type={kind!r}; sort_of_clevr_generative needs prompt_answer.")
             self._processor = build_component(PROCESSORS, {"type": kind, "params": params}, where=_TEXT,

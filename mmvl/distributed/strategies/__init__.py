@@ -9,7 +9,7 @@ from mmvl.distributed import comm
 from mmvl.distributed.env import DistEnv
 # importing each module registers its strategy
 from mmvl.distributed.strategies import ddp, dp, fsdp, single, zero_fairscale, zero_torch  # noqa: F401
-from mmvl.distributed.sections import typed_section
+from mmvl.config.schema import typed_section
 from mmvl.distributed.strategies.base import Strategy
 from mmvl.errors import UserError
 from mmvl.registry import STRATEGIES

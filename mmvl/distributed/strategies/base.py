@@ -15,7 +15,7 @@ import torch
 from omegaconf import DictConfig
 
 from mmvl.distributed.env import DistEnv
-from mmvl.distributed.sections import typed_section
+from mmvl.config.schema import typed_section
 
 
 
@@ -45,13 +45,13 @@ class Strategy:
     #: ``training.compile`` compiles each of the model's ``shard_units()`` to keep that overlap
     communicates_in_backward = False
 
-    def __init__(self, config: DictConfig, env: DistEnv, compute_dtype: torch.dtype | None = None):
-        """``compute_dtype``: the Engine's autocast dtype (None: fp32), for strategies whose
-        parameters follow it (FSDP's mixed-precision policy); never read from the config."""
-        self.config = config
+    def __init__(self, config: DictConfig | Any, env: DistEnv, compute_dtype: torch.dtype | None = None):
+        """``config``: a loaded config or the Engine's sections (anything
+        :func:`mmvl.config.schema.typed_section` reads); ``compute_dtype``: the Engine's autocast dtype
+        (None: fp32), for strategies whose parameters follow it (FSDP's mixed-precision policy)."""
         self.env = env
         self.compute_dtype = compute_dtype
-        #: the typed ``distributed`` and ``training`` sections the strategies read (not ``self.config``)
+        #: the typed ``distributed`` and ``training`` sections the strategies read
         self.distributed = typed_section(config, "distributed")
         self.training = typed_section(config, "training")
 

@@ -30,8 +30,9 @@ class Callback:
         self.trainer = trainer
 
     @classmethod
-    def wanted(cls, config: Any) -> bool:
-        """Whether a run with ``config`` uses this callback at all (default: always)."""
+    def wanted(cls, sections: Any) -> bool:
+        """Whether a run uses this callback at all (default: always); ``sections``: the typed sections
+        callbacks read (:class:`mmvl.trainers.state.Sections`: ``sections.training``, ...)."""
         return True
 
     def on_train_start(self) -> None: ...

@@ -10,7 +10,7 @@ import logging
 import os
 from typing import Any
 
-from mmvl.config.access import config_value
+from mmvl.config.schema import typed_section
 from mmvl.registry import register_callback
 from mmvl.trainers.callbacks.base import Callback
 from mmvl.trainers.state import TrainerProtocol
@@ -21,8 +21,8 @@ log = logging.getLogger("mmvl")
 @register_callback("curves")
 class CurvesCallback(Callback):
     @classmethod
-    def wanted(cls, config: Any) -> bool:
-        return bool(config_value(config, "training.curves", True))
+    def wanted(cls, sections: Any) -> bool:
+        return bool(typed_section(sections, "training").curves)
 
     def __init__(self, trainer: TrainerProtocol, **params: Any):
         super().__init__(trainer)

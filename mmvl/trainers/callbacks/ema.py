@@ -34,8 +34,8 @@ class EmaCallback(Callback):
     """Keeps the EMA of the model's weights (the built-in ``ema`` callback, before ``evaluation``)."""
 
     @classmethod
-    def wanted(cls, config: Any) -> bool:
-        return float(config.training.ema.decay or 0) != 0  # a negative decay is built, and refused
+    def wanted(cls, sections: Any) -> bool:
+        return float(sections.training.ema.decay or 0) != 0  # a negative decay is built, and refused
 
     def __init__(self, trainer: TrainerProtocol, **params: Any):
         super().__init__(trainer)

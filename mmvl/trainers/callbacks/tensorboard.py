@@ -13,7 +13,7 @@ import logging
 
 from omegaconf import DictConfig
 
-from mmvl.config.access import config_value
+from mmvl.config.schema import typed_section
 from mmvl.errors import UserError
 
 log = logging.getLogger("mmvl")
@@ -21,7 +21,7 @@ log = logging.getLogger("mmvl")
 
 def tensorboard_enabled(config: DictConfig) -> bool:
     """Resolve ``training.tensorboard`` (true | false | auto) against the installed packages."""
-    value = config_value(config, "training.tensorboard", "auto")
+    value = typed_section(config, "training").tensorboard
     installed = importlib.util.find_spec("tensorboard") is not None
     if value is True and not installed:
         raise UserError("training.tensorboard=true but the tensorboard package is not installed; "
@@ -36,7 +36,7 @@ def tensorboard_enabled(config: DictConfig) -> bool:
 def with_tensorboard_switch(config: DictConfig, names: list[str]) -> list[str]:
     """``names`` (``training.trackers``) with ``tensorboard`` kept, added or dropped as
     ``training.tensorboard`` says."""
-    value = config_value(config, "training.tensorboard", "auto")
+    value = typed_section(config, "training").tensorboard
     if value is True and "tensorboard" not in names:
         names = [*names, "tensorboard"]
     if "tensorboard" in names and not tensorboard_enabled(config):

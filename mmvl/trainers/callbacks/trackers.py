@@ -21,7 +21,8 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from mmvl import tracking
-from mmvl.config.access import config_value
+from mmvl.config import schema
+from mmvl.config.schema import typed_section
 from mmvl.registry import register_callback
 from mmvl.runs import BOOKKEEPING
 from mmvl.trainers.callbacks.base import Callback
@@ -31,25 +32,26 @@ from mmvl.trainers.state import TrainerProtocol
 
 def active_trackers(config: DictConfig) -> list[str]:
     """The trackers this run writes to: ``training.trackers`` after ``training.tensorboard``, checked."""
-    names = [str(n) for n in (config_value(config, "training.trackers", []) or [])]
+    names = [str(n) for n in schema.section(config, "training").trackers or []]  # null: none
     return tracking.resolve(with_tensorboard_switch(config, names), "training.trackers")
 
 
 def tracker_kwargs(config: DictConfig, update: int | None) -> dict[str, dict[str, Any]]:
     """Each tracker's constructor keywords: its folder from ``env.*_logdir``, the run's name."""
-    save = str(config.env.save_dir)
+    env = typed_section(config, "env")
+    save = str(env.save_dir)
     name = os.path.basename(os.path.normpath(save))
-    return {"tensorboard": {"log_dir": config_value(config, "env.tensorboard_logdir") or os.path.join(save, "tensorboard"),
+    return {"tensorboard": {"log_dir": env.tensorboard_logdir or os.path.join(save, "tensorboard"),
                             "purge_step": update},
-            "wandb": {"dir": config_value(config, "env.wandb_logdir") or save, "name": name},
+            "wandb": {"dir": env.wandb_logdir or save, "name": name},
             "mlflow": {"run_name": name}}
 
 
 @register_callback("trackers")
 class TrackersCallback(Callback):
     @classmethod
-    def wanted(cls, config: Any) -> bool:
-        return bool(active_trackers(config))
+    def wanted(cls, sections: Any) -> bool:
+        return bool(active_trackers(sections))
 
     def __init__(self, trainer: TrainerProtocol, **params: Any):
         super().__init__(trainer)
@@ -62,7 +64,7 @@ class TrackersCallback(Callback):
         if not self.trackers:
             config = self.trainer.config
             kwargs = tracker_kwargs(config, purge_step)
-            self.trackers = tracking.start(self.names, str(config_value(config, "training.tracker_project")),
+            self.trackers = tracking.start(self.names, str(typed_section(config, "training").tracker_project),
                                            str(config.env.save_dir), {n: kwargs[n] for n in self.names if n in kwargs})
             values = OmegaConf.to_container(config, resolve=True)
             for tracker in self.trackers:
