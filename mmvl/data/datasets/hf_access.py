@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from mmvl.data.datasets._common import data_path
-from mmvl.errors import UserError, library_input
+from mmvl.errors import UserError, first_line, library_input
 
 #: each task's keys (the default column names; ``columns`` maps them to the dataset's)
 TASKS = {"conversation": ("images", "texts"), "vqa": ("image", "question", "answer"), "caption": ("image", "caption"),
@@ -39,15 +39,27 @@ def source_files(cfg: Mapping[str, Any], split: str, data_dir: str) -> list[Path
                     if _HUB_NAME.match(str(path)) and not folder.exists() else "give a save_to_disk folder")
             raise UserError(f"hf_dataset: path={str(path)!r} is not a folder; {hint}.")
         return sorted(p for p in folder.rglob("*") if p.is_file())
-    pattern = files.get(split)
+    key = files_key(cfg, split)
+    pattern = files.get(key)
     if not pattern:
+        if key != split:
+            raise UserError(f"hf_dataset: splits.{split}={key!r} names data_files.{key}, which is not set (data_files has "
+                            f"{', '.join(k for k, v in files.items() if v) or 'nothing'}); set it or fix splits.{split}.")
         raise UserError(f"hf_dataset: the run uses the {split} split and neither path nor data_files.{split} is set; "
                         f"set dataset_config.hf_dataset.path or data_files.{split} (a parquet glob), or change run_type.")
     full = str(data_path(data_dir, None, pattern))
     matched = sorted(Path(p) for p in glob.glob(full) if os.path.isfile(p))
     if not matched:
-        raise UserError(f"hf_dataset: data_files.{split}={str(pattern)!r} matches no file ({full}); check the glob.")
+        raise UserError(f"hf_dataset: data_files.{key}={str(pattern)!r} matches no file ({full}); check the glob.")
     return matched
+
+
+def files_key(cfg: Mapping[str, Any], split: str) -> str:
+    """The ``data_files`` key mmvl's ``split`` reads: ``splits.<split>`` when set (as for a folder's
+    split names, and as ``datasets.load_dataset("parquet", data_files=...)`` names splits by those
+    keys), else the split's own name."""
+    named = (cfg.get("splits") or {}).get(split)
+    return str(named) if named else split
 
 
 def _import_datasets() -> Any:
@@ -80,15 +92,33 @@ def open_split(cfg: Mapping[str, Any], split: str, data_dir: str, cache: str, co
             raise UserError(f"hf_dataset: {str(folder)!r} holds one Dataset, which serves the train split only; save "
                             f"a DatasetDict with a {split} split, or change run_type.")
     else:
-        with library_input(f"hf_dataset: data_files.{split} ({len(files)} files) does not load as parquet",
+        key = files_key(cfg, split)
+        check_parquet(files, key)
+        with library_input(f"hf_dataset: data_files.{key} ({len(files)} files) does not load as parquet",
                            "give parquet files (e.g. written by Dataset.to_parquet)."):
-            data = datasets.load_dataset("parquet", data_files={"rows": [str(p) for p in files]}, split="rows",
-                                         cache_dir=cache)
+            try:
+                data = datasets.load_dataset("parquet", data_files={"rows": [str(p) for p in files]}, split="rows",
+                                             cache_dir=cache)
+            except datasets.exceptions.DatasetGenerationError as e:  # its own line says nothing: say its cause's
+                raise ValueError(first_line(e.__cause__ or e)) from e
     missing = [f"{key} -> {columns[key]!r}" for key in TASKS[task] if columns[key] not in data.column_names]
     if missing:
         raise UserError(f"hf_dataset {split}: task {task} reads column(s) {', '.join(missing)}, and the dataset has "
                         f"{', '.join(data.column_names)}; map them with dataset_config.hf_dataset.columns.")
     return data
+
+
+def check_parquet(files: list[Path], key: str) -> None:
+    """Every file's parquet footer reads (a shard cut short, or not parquet at all, is named here
+    instead of failing half-way through the conversion to Arrow)."""
+    import pyarrow.parquet as pq
+
+    for path in files:
+        try:
+            pq.ParquetFile(str(path)).close()
+        except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
+            raise UserError(f"hf_dataset: data_files.{key}: {str(path)!r} is not a readable parquet file "
+                            f"({first_line(e)}); re-write it (Dataset.to_parquet) or drop it from the glob.") from None
 
 
 def arrow_row(rows: Any, index: int) -> dict[str, Any]:

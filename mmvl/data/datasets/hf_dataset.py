@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -62,6 +63,38 @@ def decode_cell(cell: Any, folder: Path, where: str) -> Any:
                         "column (columns.image / columns.images) and its files.") from None
 
 
+def conversation_pairs(cell: Any, column: str, where: str) -> list[tuple[str, str]]:
+    """A ``texts`` cell (the_cauldron's ``[{user, assistant}, ...]``) as ``(user, assistant)`` pairs.
+    Anything else, or a pair without its answer (null, missing or blank: it would be trained as an
+    empty reply), is refused in one line that names the row."""
+    if cell is None:
+        return []
+    if isinstance(cell, Mapping):
+        cell = [cell]
+    if not isinstance(cell, (list, tuple)):
+        raise UserError(f"{where}: column {column!r} holds a {type(cell).__name__} ({str(cell)[:40]!r}); the "
+                        "conversation task reads a list of {user, assistant} pairs: map columns.texts to such a column.")
+    pairs = []
+    for k, pair in enumerate(cell):
+        if not isinstance(pair, Mapping):
+            raise UserError(f"{where}: {column}[{k}] is a {type(pair).__name__} ({str(pair)[:40]!r}), not a "
+                            "{user, assistant} pair; map columns.texts to a column of such pairs (the_cauldron's texts).")
+        user, answer = pair.get("user"), pair.get("assistant")
+        if user is None or answer is None or not str(answer).strip():
+            missing = "user" if user is None else "assistant"
+            raise UserError(f"{where}: {column}[{k}] has no {missing} text (null, missing or blank); fill it or drop "
+                            "the row: a conversation is trained on every answer.")
+        pairs.append((str(user), str(answer)))
+    return pairs
+
+
+def image_cells(cell: Any) -> list[Any]:
+    """An ``images`` cell as a list of image cells: a list as it is, one image a row as a list of one."""
+    if cell is None:
+        return []
+    return list(cell) if isinstance(cell, (list, tuple)) else [cell]
+
+
 class HFRows(Dataset):
     """The rows of one split as mmvl items (see the module docstring for each task)."""
 
@@ -81,10 +114,10 @@ class HFRows(Dataset):
         image = self._image(row, where)
         if self.task == "conversation":
             turns = []
-            for k, pair in enumerate(row[self.columns["texts"]] or []):
-                user = str(pair.get("user") or "")
+            for k, (user, answer) in enumerate(conversation_pairs(row[self.columns["texts"]], self.columns["texts"],
+                                                                  where)):
                 turns += [{"role": "user", "content": f"<image>\n{user}" if (k == 0 and image is not None) else user},
-                          {"role": "assistant", "content": str(pair.get("assistant") or "")}]
+                          {"role": "assistant", "content": answer}]
             item.update(b.text_processor.conversation(turns, image is not None, self.label, where))
             item["answer"] = turns[-1]["content"] if turns else ""
         elif self.task == "caption":
@@ -110,7 +143,7 @@ class HFRows(Dataset):
 
     def _image(self, row: dict[str, Any], where: str) -> Any:
         if self.task == "conversation":
-            cells = row[self.columns["images"]] or []
+            cells = image_cells(row[self.columns["images"]])
             return decode_cell(cells[0], self.builder.image_folder, where) if cells else None
         return decode_cell(row[self.columns["image"]], self.builder.image_folder, where)
 
@@ -178,7 +211,9 @@ class HFDatasetBuilder(GeneratesText, FileDatasetBuilder):
         data, c = self.split_data("train").with_format("arrow"), self.columns
         data = {key: data[c[key]].to_pylist() for key in TASKS[self.task] if key not in ("image", "images")}
         if self.task == "conversation":
-            return [str(p.get(k) or "") for texts in data["texts"] for p in texts or [] for k in ("user", "assistant")]
+            column = self.columns["texts"]
+            return [text for i, cell in enumerate(data["texts"])
+                    for pair in conversation_pairs(cell, column, f"{self.name} train row {i}") for text in pair]
         if self.task in ("caption", "contrastive"):
             return [self.caption_prompt, *map(str, data["caption"])]
         if self.task == "classification":

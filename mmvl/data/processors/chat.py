@@ -40,6 +40,11 @@ def check_turns(turns: Sequence[dict[str, str]], has_image: bool, image_token: s
             raise UserError(f"{where}: {said}; turns alternate human/gpt (user/assistant), human first.")
     if turns[-1]["role"] != "assistant":
         raise UserError(f"{where}: the conversation ends with a user turn; end it with the assistant's (gpt) answer.")
+    answered = next((i for i, t in enumerate(turns) if t["role"] == "assistant" and image_token in str(t["content"])),
+                    None)
+    if answered is not None:  # it would land in the labelled answer as text the model learns to write
+        raise UserError(f"{where}: turn {answered} (the assistant's, gpt) holds {image_token}; put the placeholder in "
+                        "the first human turn.")
     placeholders = sum(str(t["content"]).count(image_token) for t in turns)
     if has_image and placeholders != 1:
         raise UserError(f"{where}: it has an image and {placeholders} {image_token} placeholders; put one "

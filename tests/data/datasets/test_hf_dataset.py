@@ -35,13 +35,16 @@ def files(tmp_path_factory):
 def _vlm(files, save: Path, source: str) -> list[str]:
     where = [H + f"path={files['disk']}", H + "splits.val=test"] if source == "disk" else [
         H + f"data_files.train={files['parquet']}/train-*.parquet", H + f"data_files.val={files['parquet']}/test-*.parquet"]
+    if source == "parquet_splits":  # load_dataset's way: data_files' keys are split names, splits.val picks one
+        where = [H + f"data_files.train={files['parquet']}/train-*.parquet",
+                 H + f"data_files.test={files['parquet']}/test-*.parquet", H + "splits.val=test"]
     return [f"config={STAGE1}", "datasets=hf_dataset", H + "task=conversation", *where,
             H + f"processors.text_processor.params.tokenizer_path={files['tok']}", "model_config.vlm.freeze=[image_encoder]",
             "training.early_stop.criteria=total_loss", f"env.save_dir={save}", f"env.data_dir={save.parent / 'data'}",
             *QUIET]
 
 
-@pytest.mark.parametrize("source", ["disk", "parquet"])
+@pytest.mark.parametrize("source", ["disk", "parquet", "parquet_splits"])
 def test_the_cauldron_layout_trains_the_vlm_and_scores_val_by_generation(files, tmp_path, source):
     assert run([*_vlm(files, tmp_path / "save", source), "training.max_updates=20", "training.evaluation_interval=20",
                 "run_type=train_val"]) == 0
@@ -175,3 +178,76 @@ def test_an_image_cell_may_be_an_image_bytes_or_a_path(tmp_path):
         decode_cell("img/b.png", tmp_path, "row 3")
     with pytest.raises(UserError, match="row 4: the image \\(3 bytes\\) does not decode"):
         decode_cell(b"abc", tmp_path, "row 4")
+
+
+def _conversation_parquet(folder: Path, texts: list, images: list | None = None, one_image_a_row: bool = False) -> Path:
+    """``train.parquet`` of conversation rows with ``texts`` cells as given (any shape) and ``images``
+    (empty lists by default: text-only rows), for the checks below."""
+    import datasets
+
+    folder.mkdir(parents=True, exist_ok=True)
+    data = datasets.Dataset.from_dict({"texts": texts, "images": images if images is not None else [[]] * len(texts)})
+    data = data.cast_column("images", datasets.Image() if one_image_a_row else datasets.Sequence(datasets.Image()))
+    data.to_parquet(str(folder / "train.parquet"))
+    return folder / "train.parquet"
+
+
+def _opts(files, tmp_path: Path, *data_opts: str) -> list[str]:
+    """A tiny conversation train run over ``data_opts`` (where the data is)."""
+    return [f"config={STAGE1}", "datasets=hf_dataset", H + "task=conversation", *data_opts,
+            H + f"processors.text_processor.params.tokenizer_path={files['tok']}", "model_config.vlm.freeze=[image_encoder]",
+            "training.early_stop.criteria=total_loss", f"env.save_dir={tmp_path / 'save'}",
+            f"env.data_dir={tmp_path / 'data'}", "run_type=train", "training.batch_size=2",
+            "training.max_updates=2", *QUIET]
+
+
+def _one_line_refusal(files, tmp_path: Path, capsys, *data_opts: str) -> str:
+    """A train run over ``data_opts`` exits 2 before any update with one line and no traceback; what it said."""
+    assert run(_opts(files, tmp_path, *data_opts)) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and not (tmp_path / "save" / "checkpoints").exists(), err
+    return err
+
+
+def test_one_image_a_row_reads_as_that_image(files, tmp_path):
+    """An ``images`` column of one image per row (not a list of them) is that row's image."""
+    from PIL import Image
+
+    red = Image.new("RGB", (40, 40), (220, 30, 30))
+    path = _conversation_parquet(tmp_path / "one", [[{"user": "what color", "assistant": "red"}]] * 2, [red, red],
+                                 one_image_a_row=True)
+    builder = Trainer(load_config(_opts(files, tmp_path, H + f"data_files.train={path}"))).builders["hf_dataset"]
+    item = builder.build("train")[0]
+    assert item["input_ids"].eq(builder.text_processor.tokenizer.image_id).sum() == 16 and item["image"].abs().sum() > 0
+
+
+@pytest.mark.parametrize("cell, needle", [
+    (["what color? red", "what shape? square"], r"texts\[0\] is a str \('what color\? red'\), not a \{user, assistant\}"),
+    ("what color? red", r"column 'texts' holds a str \('what color\? red'\)"),
+    ([{"user": "what color", "assistant": None}], r"texts\[0\] has no assistant text"),
+    ([{"user": "what color", "assistant": "  "}], r"texts\[0\] has no assistant text"),
+    ([{"user": None, "assistant": "red"}], r"texts\[0\] has no user text"),
+])
+def test_conversation_rows_of_another_shape_are_one_line(files, tmp_path, capsys, cell, needle):
+    import re
+
+    path = _conversation_parquet(tmp_path / "bad", [cell, cell])
+    err = _one_line_refusal(files, tmp_path, capsys, H + f"data_files.train={path}")
+    assert re.search(needle, err), err
+
+
+def test_a_parquet_shard_cut_short_is_named(files, tmp_path, capsys):
+    import shutil
+
+    folder = tmp_path / "cut"
+    shutil.copytree(files["parquet"], folder)
+    shard = folder / "train-00001.parquet"
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    err = _one_line_refusal(files, tmp_path, capsys, H + f"data_files.train={folder}/train-*.parquet")
+    assert f"{str(shard)!r} is not a readable parquet file" in err and "magic bytes" in err, err
+
+
+def test_a_split_naming_an_unset_data_files_key_is_one_line(files, tmp_path, capsys):
+    err = _one_line_refusal(files, tmp_path, capsys, H + f"data_files.train={files['parquet']}/train-*.parquet",
+                            H + "splits.train=validation")
+    assert "splits.train='validation' names data_files.validation, which is not set" in err, err

@@ -89,6 +89,10 @@ def test_without_a_template_one_turn_is_the_prompt_answer_layout(plain_folder):
     ([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}], True,
      "it has an image and 0 <image> placeholders"),
     ([{"role": "user", "content": "a"}], False, "ends with a user turn"),
+    ([{"role": "user", "content": "<image> a"}, {"role": "assistant", "content": "b <image>"}], True,
+     r"turn 1 \(the assistant's, gpt\) holds <image>"),
+    ([{"role": "user", "content": "a"}, {"role": "assistant", "content": "<image> b"}], True,
+     r"turn 1 \(the assistant's, gpt\) holds <image>"),
 ])
 def test_bad_conversations_are_refused(plain_folder, turns, has_image, needle):
     with pytest.raises(UserError, match=needle):
