@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from mmvl.config.access import plain
 from mmvl.errors import UserError, library_input
 
 #: what the adapters' parameter names hold (peft's naming)
@@ -22,7 +23,7 @@ KEYS = ("r", "alpha", "dropout", "target_modules", "parts")
 
 def lora_spec(spec: Mapping[str, Any] | None, model: str) -> dict[str, Any] | None:
     """``model_config.<model>.lora`` checked; None when it is off (``r`` null)."""
-    spec = dict(spec or {})
+    spec = dict(plain(spec) or {})  # plain lists: a ListConfig is not a list
     where = f"model_config.{model}.lora"
     unknown = sorted(set(spec) - set(KEYS))
     if unknown:
@@ -35,15 +36,23 @@ def lora_spec(spec: Mapping[str, Any] | None, model: str) -> dict[str, Any] | No
     alpha, dropout = spec.get("alpha"), spec.get("dropout") or 0.0
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or alpha <= 0:
         raise UserError(f"{where}.alpha={alpha!r} must be a number above 0 (e.g. twice r).")
-    if not 0 <= float(dropout) < 1:
-        raise UserError(f"{where}.dropout={dropout!r} must be in [0, 1).")
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= float(dropout) < 1:
+        raise UserError(f"{where}.dropout={dropout!r} must be a number in [0, 1).")
     parts = spec.get("parts")
-    if not parts or isinstance(parts, str):
+    if not parts or not isinstance(parts, (list, tuple)) or not all(isinstance(p, str) and p for p in parts):
         raise UserError(f"{where}.parts={parts!r}: give a list of the model's parts to adapt, e.g. [language_model].")
-    targets = [str(t) for t in ([spec["target_modules"]] if isinstance(spec.get("target_modules"), str)
-                                else spec.get("target_modules") or ["all-linear"])]
-    return {"r": r, "alpha": float(alpha), "dropout": float(dropout), "parts": [str(p) for p in parts],
-            "target_modules": "all-linear" if targets == ["all-linear"] else targets}
+    return {"r": r, "alpha": float(alpha), "dropout": float(dropout), "parts": list(parts),
+            "target_modules": _targets(spec.get("target_modules", ["all-linear"]), where)}
+
+
+def _targets(given: Any, where: str) -> str | list[str]:
+    """``target_modules``: a name or a list of names (null: every linear layer); an empty list, which
+    would adapt nothing, or a non-name is refused rather than read as all-linear."""
+    targets = [given] if isinstance(given, str) else ["all-linear"] if given is None else given
+    if not isinstance(targets, (list, tuple)) or not targets or not all(isinstance(t, str) and t for t in targets):
+        raise UserError(f"{where}.target_modules={given!r}: name the linear layers to adapt (e.g. [q_proj, v_proj]) "
+                        "or give [all-linear].")
+    return "all-linear" if list(targets) == ["all-linear"] else list(targets)
 
 
 def apply_lora(model: Any, spec: Mapping[str, Any] | None, name: str) -> list[str]:

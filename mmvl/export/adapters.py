@@ -14,7 +14,8 @@ from typing import Any
 from mmvl.adapters import is_adapter, lora_spec
 from mmvl.checkpoint import load_checkpoint, schema
 from mmvl.errors import UserError
-from mmvl.io import make_temp_dir, publish_dir
+from mmvl.config.files import read_yaml
+from mmvl.io import make_temp_dir, publish_dir, remove_tree
 from mmvl.registry import MODELS
 
 
@@ -39,14 +40,26 @@ def export_adapters(model: str, parts: Mapping[str, tuple[str, ...]], spec: Mapp
     if lora is None:
         raise UserError(f"mmvl_export adapters: the run trained no LoRA adapters (model_config.{model}.lora.r is null); "
                         "export a run with lora set.")
-    import peft
-    from safetensors.torch import save_file
-
     out = Path(out)
     if out.exists():
         raise UserError(f"mmvl_export adapters: {str(out)!r} exists; give a new folder.")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = make_temp_dir(out.parent)
+    try:
+        written = _write_parts(lora, parts, state, tmp, out, base_path)
+    except BaseException:
+        remove_tree(tmp)  # a refusal (or a crash) leaves nothing beside OUT
+        raise
+    publish_dir(tmp, out)
+    return written
+
+
+def _write_parts(lora: Mapping[str, Any], parts: Mapping[str, tuple[str, ...]], state: Mapping[str, Any], tmp: Path,
+                 out: Path, base_path: str | None) -> list[str]:
+    """Each adapted part's peft folder under ``tmp`` (``tmp`` itself for one part); the folders' final names."""
+    import peft
+    from safetensors.torch import save_file
+
     written = []
     for part in lora["parts"]:
         folder = tmp if len(lora["parts"]) == 1 else tmp / part
@@ -61,23 +74,28 @@ def export_adapters(model: str, parts: Mapping[str, tuple[str, ...]], spec: Mapp
         config.save_pretrained(str(folder))
         save_file(tensors, str(folder / "adapter_model.safetensors"))
         written.append(str(out if len(lora["parts"]) == 1 else out / part))
-    publish_dir(tmp, out)
     return written
 
 
 def export_run_adapters(save_dir: str | Path, out: str | Path, checkpoint: str | Path | None = None) -> list[str]:
     """The adapters of the run in ``save_dir`` (its ``config.yaml`` and, unless ``checkpoint`` names
     another file, its last checkpoint) written under ``out``; returns the folders written."""
-    from omegaconf import OmegaConf
-
     save = Path(save_dir)
     if not (save / "config.yaml").is_file():
         raise UserError(f"mmvl_export: {str(save)!r} has no config.yaml; give the env.save_dir of an mmvl run.")
-    config = OmegaConf.load(save / "config.yaml")
-    model = str(config.model)
+    config = read_yaml(save / "config.yaml", "The run's config")  # a torn or foreign file: one line
+    model = config.get("model")
+    if not isinstance(model, str) or not model:
+        raise UserError(f"mmvl_export: {str(save / 'config.yaml')!r} names no model (model: {model!r}); give the "
+                        "env.save_dir of an mmvl run (its config.yaml is written when the run starts).")
     path = Path(checkpoint) if checkpoint else save / schema.CHECKPOINTS_DIR / schema.LAST
+    if not path.is_file():
+        raise UserError(f"mmvl_export: {str(path)!r} is not a checkpoint file; train the run until it saves one, or "
+                        "give --checkpoint PATH.ckpt.")
     state = load_checkpoint(path)[schema.MODEL]
-    model_cfg = config.model_config[model]
+    model_cfg = (config.get("model_config") or {}).get(model) or {}
+    if not isinstance(model_cfg, Mapping):
+        raise UserError(f"mmvl_export: model_config.{model} in {str(save / 'config.yaml')!r} is not a mapping.")
     base = (model_cfg.get("language_model") or {}).get("path")
     return export_adapters(model, MODELS.get(model).PARTS, model_cfg.get("lora"), state, out,
                            base_path=str(base) if base else None)

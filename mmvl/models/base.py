@@ -93,8 +93,10 @@ class BaseModel(torch.nn.Module):
     def freeze(self, parts: Iterable[str] | str | None) -> list[str]:
         """Set ``requires_grad=False`` on every parameter of ``parts``; returns the parts frozen.
 
-        A part the model does not offer (or holds no parameters in this configuration) is a
-        UserError naming it and listing the parts there are.
+        Freezing a part freezes its own weights, never LoRA adapters put into it: they are what
+        ``lora`` added to train (``freeze: [base]`` with LoRA on the LM trains the projector and the
+        adapters). A part the model does not offer (or holds no parameters in this configuration)
+        is a UserError naming it and listing the parts there are.
         """
         wanted = [parts] if isinstance(parts, str) else [str(p) for p in parts or []]
         offered = self.part_parameters()
@@ -109,7 +111,7 @@ class BaseModel(torch.nn.Module):
             raise UserError(f"{where}: unknown part {part!r}; {self.model_name} offers {listing}.")
         frozen = {n for part in wanted for n in offered[part]}
         for name, p in self.named_parameters():
-            if name in frozen:
+            if name in frozen and not is_adapter(name):
                 p.requires_grad_(False)
         return list(dict.fromkeys(wanted))
 

@@ -51,6 +51,33 @@ def test_only_the_adapters_and_the_projector_train(data, tmp_path):
     assert any(".lora_B" in n for n in moved)  # peft starts B at zero: training moved it
 
 
+def test_freezing_the_base_leaves_the_adapters_training(data, tmp_path):
+    """LLaVA's stage 1 (``freeze: [base]``) with LoRA on the LM: freeze takes the parts' own weights,
+    so the projector and the adapters train, and the log says so."""
+    stage1 = Trainer(load_config(opts(data, tmp_path / "s1", "model_config.vlm.lora.r=2", "model_config.vlm.freeze=[base]",
+                                      "training.max_updates=1", "run_type=train")))
+    trained = _trainable(stage1)
+    adapters = sum(v for n, v in trained.items() if ".lora_" in n)
+    assert {n.split(".")[0] for n in trained} == {"projector", "lm"} and adapters > 0
+    assert all(".lora_" in n for n in trained if n.startswith("lm."))
+    said = next(line for line in (tmp_path / "s1" / "train.log").read_text().splitlines() if "| training " in line)
+    assert f"training {sum(trained.values()):,} of " in said and f"{adapters:,} adapter parameters" in said, said
+
+
+@pytest.mark.parametrize("key, value, needle", [
+    ("target_modules", "[]", r"target_modules=\[\]: name the linear layers"),
+    ("target_modules", "[1]", r"target_modules=\[1\]: name the linear layers"),
+    ("parts", "[7]", r"parts=\[7\]: give a list of the model's parts"),
+])
+def test_lora_keys_a_user_can_get_wrong_are_one_line(data, tmp_path, capsys, key, value, needle):
+    import re
+
+    assert run(opts(data, tmp_path / "save", "model_config.vlm.lora.r=2", f"model_config.vlm.lora.{key}={value}",
+                    "training.max_updates=1", "run_type=train")) == 2
+    err = capsys.readouterr().err
+    assert re.search(needle, err) and "Traceback" not in err, err
+
+
 def test_a_clip_transformers_text_tower_takes_adapters_and_its_outputs_start_unchanged():
     """MiniLM (a transformers BERT) as clip's text tower: adapters on its query/value layers; peft's
     zero-initialised B leaves the features as they were until training moves it."""
@@ -142,6 +169,34 @@ def test_export_of_a_run_without_lora_is_one_line(data, tmp_path, capsys):
     assert run(opts(data, tmp_path / "save", "training.max_updates=1", "run_type=train")) == 0
     assert export(["adapters", str(tmp_path / "save"), str(tmp_path / "out")]) == 2
     assert "trained no LoRA adapters (model_config.vlm.lora.r is null)" in capsys.readouterr().err
+
+
+def test_export_refusals_are_one_line_and_leave_nothing_behind(data, tmp_path, capsys):
+    """A checkpoint without the adapters, a config.yaml cut mid-key or without a model, and a missing
+    checkpoint: one line, exit 2, and no ``.tmp-*`` folder beside OUT."""
+    import shutil
+
+    from mmvl_cli.export import main as export
+
+    save, plain = tmp_path / "lora", tmp_path / "plain"
+    assert run(opts(data, save, *LORA, "training.max_updates=1", "run_type=train")) == 0
+    assert run(opts(data, plain, "training.max_updates=1", "run_type=train")) == 0
+    out = tmp_path / "exports" / "out"
+    cases = {"no adapters": (["--checkpoint", str(plain / "checkpoints" / "last.ckpt")], "holds no adapters of part")}
+    torn, bare, empty = (tmp_path / name for name in ("torn", "bare", "empty"))
+    for folder in (torn, bare, empty):
+        shutil.copytree(save, folder, ignore=shutil.ignore_patterns(".mmvl.lock"))
+    text = (save / "config.yaml").read_text()
+    (torn / "config.yaml").write_text(text[: text.index("model_config:") + len("model_conf")] + "ig: [\n")
+    (bare / "config.yaml").write_text("training: {seed: 1}\n")
+    shutil.rmtree(empty / "checkpoints")
+    for name, (args, needle) in {**cases, "torn": ([], "YAML syntax error"), "bare": ([], "names no model"),
+                                 "empty": ([], "is not a checkpoint file")}.items():
+        source = save if name == "no adapters" else tmp_path / name
+        assert export(["adapters", str(source), str(out), *args]) == 2, name
+        err = capsys.readouterr().err
+        assert needle in err and "Traceback" not in err, (name, err)
+        assert not out.exists() and list((tmp_path / "exports").glob(".tmp-*")) == [], name
 
 
 @pytest.mark.proc
