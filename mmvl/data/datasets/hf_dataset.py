@@ -24,6 +24,7 @@ bytes, or a path (under ``image_folder``).
 """
 from __future__ import annotations
 
+import functools
 import io
 from pathlib import Path
 from collections.abc import Mapping
@@ -33,6 +34,7 @@ import torch
 from torch.utils.data import Dataset
 
 from mmvl.data.datasets._common import FileDatasetBuilder, data_path
+from mmvl.data.datasets.image_files import verify_images, verify_requested
 from mmvl.data.datasets.hf_access import GENERATED, READ, TASKS, arrow_row, image_cell, open_split, source_files
 from mmvl.data.datasets.text_generation import GeneratesText
 from mmvl.data.processors import answers as _answers  # noqa: F401  (registers vqa_answer)
@@ -230,6 +232,19 @@ class HFDatasetBuilder(GeneratesText, FileDatasetBuilder):
             self.answer_processor  # noqa: B018
         if len(data):
             self.build(split)[0]
+        if verify_requested(self.cfg, self.name):
+            verify_images(self._image_decoders(self.records(split)), f"{self.name} {split}")
+
+    def _image_decoders(self, data: Any, chunk: int = 256) -> Any:
+        """``(row, decode)`` for every image cell of ``data``, read ``chunk`` rows at a time (never the
+        whole column in memory)."""
+        column = self.columns["images" if self.task == "conversation" else "image"]
+        rows = data.with_format("arrow")
+        for start in range(0, len(data), chunk):
+            for offset, cell in enumerate(rows[start:start + chunk].column(column).to_pylist()):
+                where = f"row {start + offset}"
+                for image in (image_cells(cell) if self.task == "conversation" else [cell]):
+                    yield where, functools.partial(decode_cell, image, self.image_folder, where)
 
     @property
     def answer_processor(self) -> Any:

@@ -1,10 +1,11 @@
 """Image files of file-backed datasets: the bad-image policy, a cheap readability check, the rows whose
-image can be read, and decoding. Split from ``_common.py`` so the builders' shared code and the
+image can be read, decoding, and ``verify_images`` (every image decoded before the first update). Split from ``_common.py`` so the builders' shared code and the
 image-file checks each read on their own."""
 from __future__ import annotations
 
 import logging
 from pathlib import Path
+from collections.abc import Iterable, Mapping
 from typing import Any, Callable
 
 import numpy as np
@@ -73,3 +74,32 @@ def decode_image(path: Path) -> Any:
     with Image.open(path) as img:
         img.load()
         return img.convert("RGB")
+
+
+def verify_requested(cfg: Mapping[str, Any], dataset: str) -> bool:
+    """``dataset_config.<dataset>.verify_images``: true decodes every image of each split the run uses
+    before the first update; false (the default) decodes each when a batch needs it."""
+    value = cfg.get("verify_images", False)
+    if not isinstance(value, bool):
+        raise UserError(f"dataset_config.{dataset}.verify_images={value!r}; use true (decode every image before "
+                        "training) or false.")
+    return value
+
+
+def verify_images(samples: Iterable[tuple[str, Callable[[], Any]]], where: str) -> int:
+    """Decode every image of ``samples`` (``(what to call it, decode)`` pairs); the ones that fail are
+    refused together, in one line naming the first three and how many. Returns how many decoded."""
+    bad, total = [], 0
+    for label, decode in samples:
+        total += 1
+        try:
+            decode()
+        except UserError:
+            bad.append(label)
+        except (OSError, ValueError) as e:  # PIL's UnidentifiedImageError is an OSError
+            bad.append(f"{label} ({type(e).__name__})")
+    if bad:
+        more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+        raise UserError(f"{where}: {len(bad)} of {total} images do not decode: {'; '.join(bad[:3])}{more}; replace "
+                        "them or drop their samples (verify_images: true decoded every one).")
+    return total

@@ -16,6 +16,7 @@ and, with ``on_too_long: error``, its length with the image tokens in.
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from pathlib import Path
@@ -25,7 +26,7 @@ import torch
 from torch.utils.data import Dataset
 
 from mmvl.data.datasets._common import FileDatasetBuilder, data_path
-from mmvl.data.datasets.image_files import decode_image
+from mmvl.data.datasets.image_files import decode_image, verify_images, verify_requested
 from mmvl.data.datasets.text_generation import GeneratesText
 from mmvl.data.processors import image as _image  # noqa: F401  (registers torchvision_transforms)
 from mmvl.data.processors import prompt_answer as _prompt_answer  # noqa: F401  (registers prompt_answer)
@@ -143,15 +144,21 @@ class LlavaBuilder(GeneratesText, FileDatasetBuilder):
                 for t in json.loads(turns)]
 
     def prepare_split(self, split: str) -> None:
-        """Parse the split, then check what the parse cannot: every image file is there and, under
-        ``on_too_long: error``, every sample fits."""
+        """Parse the split, then check what the parse cannot: every image file is there (with
+        ``verify_images``, that each decodes) and, under ``on_too_long: error``, every sample fits."""
         records = self.records(split)
         processor = self.text_processor
         folder = self.image_folder
+        first: dict[str, Any] = {}  # image -> the first sample showing it
         for sample, image in zip(records.column("sample_id").tolist(), records.column("image").tolist()):
             if image and not (folder / image).is_file():
                 raise UserError(f"{self.name} {split} sample {sample!r}: image {str(folder / image)!r} does not exist; "
                                 f"check dataset_config.{self.name}.image_folder.")
+            if image:
+                first.setdefault(image, sample)
+        if verify_requested(self.cfg, self.name):
+            verify_images(((f"sample {sample!r}: {str(folder / image)!r}", functools.partial(decode_image, folder / image))
+                           for image, sample in first.items()), f"{self.name} {split}")
         if getattr(processor, "on_too_long", None) == "error":
             dataset = self.build(split)
             for row in range(len(records)):

@@ -251,3 +251,23 @@ def test_a_split_naming_an_unset_data_files_key_is_one_line(files, tmp_path, cap
     err = _one_line_refusal(files, tmp_path, capsys, H + f"data_files.train={files['parquet']}/train-*.parquet",
                             H + "splits.train=validation")
     assert "splits.train='validation' names data_files.validation, which is not set" in err, err
+
+
+def test_verify_images_decodes_every_row_before_the_first_update(files, tmp_path, capsys):
+    """A cell of bytes that are not an image, deep in the split: named at start with verify_images, not
+    only at its batch."""
+    import datasets
+    from PIL import Image
+
+    red = Image.new("RGB", (40, 40), (220, 30, 30))
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    texts = [[{"user": "what color", "assistant": "red"}]] * 6
+    data = datasets.Dataset.from_dict({"texts": texts, "images": [[red]] * 6})
+    data = data.cast_column("images", datasets.Sequence(datasets.Image()))
+    broken = data.with_format("arrow")[:].to_pylist()
+    broken[4]["images"] = [{"bytes": b"not an image", "path": None}]
+    datasets.Dataset.from_list(broken, features=data.features).to_parquet(str(folder / "train.parquet"))
+    err = _one_line_refusal(files, tmp_path, capsys, H + f"data_files.train={folder}/train.parquet",
+                            H + "verify_images=true")
+    assert "hf_dataset train: 1 of 6 images do not decode: row 4" in err, err

@@ -90,3 +90,46 @@ def test_the_stage_config_trains_on_llava_scores_val_and_predicts(files, tmp_pat
     assert [r["id"] for r in written] == [r["id"] for r in expected]
     assert [r["reference"] for r in written] == [r["conversations"][-1]["value"] for r in expected]
     assert all(isinstance(r["answer"], str) for r in written)
+
+
+def _broken_copy(files, tmp_path: Path, broken: list[str]) -> Path:
+    """A copy of the images folder with the files ``broken`` (relative paths) cut short."""
+    import shutil
+
+    folder = tmp_path / "images"
+    shutil.copytree(files["images"], folder)
+    for name in broken:
+        path = folder / name
+        path.write_bytes(path.read_bytes()[:40])  # the PNG header, no pixels
+    return folder
+
+
+def _run_keys(files, tmp_path: Path, images: Path, *extra: str) -> list[str]:
+    return [f"config={STAGE1}", "datasets=llava", f"dataset_config.llava.annotations.train={files['train']}",
+            f"dataset_config.llava.image_folder={images}",
+            f"dataset_config.llava.processors.text_processor.params.tokenizer_path={files['tok']}",
+            "model_config.vlm.freeze=[image_encoder]", "training.early_stop.criteria=total_loss", "run_type=train",
+            f"env.save_dir={tmp_path / 'save'}", f"env.data_dir={tmp_path / 'data'}", "training.progress_bar=false",
+            "training.tensorboard=false", "training.curves=false", "training.batch_size=4", "training.num_workers=0",
+            *extra]
+
+
+def test_verify_images_names_every_broken_image_before_the_first_update(files, tmp_path, capsys):
+    images = _broken_copy(files, tmp_path, ["red/36.png", "green/37.png"])  # deep in the split, not its first sample
+    assert run(_run_keys(files, tmp_path, images, "training.max_updates=2", "dataset_config.llava.verify_images=true")) == 2
+    err = capsys.readouterr().err
+    assert "llava train: 2 of " in err and "sample 'img-36'" in err and "sample 'img-37'" in err, err
+    assert "Traceback" not in err and not (tmp_path / "save" / "checkpoints").exists()
+
+
+def test_without_verify_images_a_broken_image_stops_its_batch_in_one_line(files, tmp_path, capsys):
+    images = _broken_copy(files, tmp_path, ["red/36.png"])
+    assert run(_run_keys(files, tmp_path, images, "training.max_updates=40")) == 2
+    err = capsys.readouterr().err
+    assert "sample 'img-36': image" in err and "cannot be decoded" in err and "Traceback" not in err, err
+
+
+def test_verify_images_must_be_a_bool(files, tmp_path, capsys):
+    assert run(_run_keys(files, tmp_path, files["images"], "dataset_config.llava.verify_images=often")) == 2
+    err = capsys.readouterr().err
+    assert "verify_images" in err and "true or false" in err, err
