@@ -9,10 +9,10 @@ MMF's transformer models. Embedding tables do decay (also the BERT convention).
 A model's ``lr_multipliers()`` (parameter-name prefix -> factor) puts those
 parameters in groups whose lr is the base lr times the factor (e.g. a pretrained
 text encoder at 0.1x); a model that needs its own grouping altogether defines
-``get_optimizer_parameters(section) -> list[param group dict]`` (the typed optimizer section). The config adds names that never
-decay (``optimizer.no_weight_decay``: ``logit_scale``, ``logit_bias``), per-part learning rates
-(``optimizer.param_groups``) and layer-wise lr decay (``optimizer.layer_decay``): see
-:mod:`mmvl.optim.groups`. Frozen parameters
+``get_optimizer_parameters(section) -> list[param group dict]`` (handed the typed optimizer
+section). The config adds names that never decay (``optimizer.no_weight_decay``:
+``logit_scale``, ``logit_bias``), per-part learning rates (``optimizer.param_groups``) and
+layer-wise lr decay (``optimizer.layer_decay``): see :mod:`mmvl.optim.groups`. Frozen parameters
 (``requires_grad=False``, e.g. ``model_config.<model>.freeze``) join no group, so they hold no
 optimizer state. Adam, AdamW and SGD get torch's fused implementation by default wherever torch
 has it (:func:`implementation_default`): under fp16 the grad scaler then skips a non-finite

@@ -1,6 +1,6 @@
 """Image files of file-backed datasets: the bad-image policy, a cheap readability check, the rows whose
-image can be read, decoding, and ``verify_images`` (every image decoded before the first update). Split from ``_common.py`` so the builders' shared code and the
-image-file checks each read on their own."""
+image can be read, decoding, and ``verify_images`` (every image decoded before the first update).
+Split from ``_common.py`` so the builders' shared code and the image-file checks each read on their own."""
 from __future__ import annotations
 
 import logging

@@ -27,7 +27,7 @@ class CurvesCallback(Callback):
     def __init__(self, trainer: TrainerProtocol, **params: Any):
         super().__init__(trainer)
         self.main = trainer.engine.is_main_process
-        self.save_dir = str(trainer.config.env.save_dir)
+        self.save_dir = str(trainer.sections.env.save_dir)
         self.drawn_size = -1  # metrics.jsonl's size at the last drawing: unchanged, no redraw
 
     def draw(self) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 from mmvl import tracking
 from mmvl.config import schema
@@ -30,13 +30,14 @@ from mmvl.trainers.callbacks.tensorboard import with_tensorboard_switch
 from mmvl.trainers.state import TrainerProtocol
 
 
-def active_trackers(config: DictConfig) -> list[str]:
-    """The trackers this run writes to: ``training.trackers`` after ``training.tensorboard``, checked."""
+def active_trackers(config: Any) -> list[str]:
+    """The trackers this run writes to: ``training.trackers`` after ``training.tensorboard``, checked
+    (``config``: a loaded config or the Trainer's typed sections)."""
     names = [str(n) for n in schema.section(config, "training").trackers or []]  # null: none
     return tracking.resolve(with_tensorboard_switch(config, names), "training.trackers")
 
 
-def tracker_kwargs(config: DictConfig, update: int | None) -> dict[str, dict[str, Any]]:
+def tracker_kwargs(config: Any, update: int | None) -> dict[str, dict[str, Any]]:
     """Each tracker's constructor keywords: its folder from ``env.*_logdir``, the run's name."""
     env = typed_section(config, "env")
     save = str(env.save_dir)
@@ -56,17 +57,17 @@ class TrackersCallback(Callback):
     def __init__(self, trainer: TrainerProtocol, **params: Any):
         super().__init__(trainer)
         self.main = trainer.engine.is_main_process
-        self.names = active_trackers(trainer.config)
+        self.names = active_trackers(trainer.sections)
         self.trackers: list[tracking.Tracker] = []
         self.last_train: dict[str, float] = {}
 
     def _started(self, purge_step: int | None = None) -> list[tracking.Tracker]:
         if not self.trackers:
-            config = self.trainer.config
-            kwargs = tracker_kwargs(config, purge_step)
-            self.trackers = tracking.start(self.names, str(typed_section(config, "training").tracker_project),
-                                           str(config.env.save_dir), {n: kwargs[n] for n in self.names if n in kwargs})
-            values = OmegaConf.to_container(config, resolve=True)
+            sections = self.trainer.sections
+            kwargs = tracker_kwargs(sections, purge_step)
+            self.trackers = tracking.start(self.names, str(typed_section(sections, "training").tracker_project),
+                                           str(sections.env.save_dir), {n: kwargs[n] for n in self.names if n in kwargs})
+            values = OmegaConf.to_container(self.trainer.config, resolve=True)  # the whole config, recorded
             for tracker in self.trackers:
                 tracker.store_init_configuration(values)  # type: ignore[arg-type]
         return self.trackers
