@@ -123,17 +123,19 @@ class HFRows(Dataset):
             item.update(b.text_processor.conversation(turns, image is not None, self.label, where))
             item["answer"] = turns[-1]["content"] if turns else ""
         elif self.task == "caption":
-            item.update(b.text_processor(b.caption_prompt, str(row[self.columns["caption"]])))
-            item["answer"] = str(row[self.columns["caption"]])
+            caption = self._text(row, "caption", where)
+            item.update(b.text_processor(b.caption_prompt, caption))
+            item["answer"] = caption
         elif self.task == "contrastive":
-            item.update(b.text_processor(str(row[self.columns["caption"]])))
+            item.update(b.text_processor(self._text(row, "caption", where)))
         elif self.task == "classification":
-            item.update(b.text_processor(str(row[self.columns["text"]])))
-            item["targets"] = int(row[self.columns["label"]])
+            item.update(b.text_processor(self._text(row, "text", where)))
+            item["targets"] = self._label(row, where)
         else:
-            answers = row[self.columns["answer"]]
-            answers = [str(a) for a in answers] if isinstance(answers, (list, tuple)) else [str(answers)]
-            question = str(row[self.columns["question"]])
+            cell = row[self.columns["answer"]]
+            answers = [self._text({"answer": a}, "answer", where, column=True)
+                       for a in (cell if isinstance(cell, (list, tuple)) and cell else [cell])]
+            question = self._text(row, "question", where)
             if b.generative:
                 item.update(b.text_processor(question, answers[0]))
                 item["answer"] = answers if len(answers) > 1 else answers[0]
@@ -142,6 +144,24 @@ class HFRows(Dataset):
                 item["targets"] = b.answer_processor.index.get(normalize_answer(answers[0]), IGNORE_INDEX)
         item["image"] = b.blank if image is None else b.image_processor(image)
         return item
+
+    def _text(self, row: dict[str, Any], key: str, where: str, column: bool = False) -> str:
+        """The text cell of the task's ``key`` (``column``: ``row`` is keyed by the task's key): a
+        non-empty string (a number reads as its digits); null, blank, a list or a mapping is refused
+        naming the row, where ``str()`` would train on ``'None'`` or a list's repr."""
+        value = row[key if column else self.columns[key]]
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool) and str(value).strip():
+            return str(value)
+        raise UserError(f"{where}: column {self.columns[key]!r} ({key}) holds {type(value).__name__} {str(value)[:40]!r}; "
+                        f"task {self.task} reads one non-empty text a row there: map columns.{key} to such a column.")
+
+    def _label(self, row: dict[str, Any], where: str) -> int:
+        """A class index (an int from 0), refused naming the row otherwise (null, a string, a float)."""
+        value = row[self.columns["label"]]
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+        raise UserError(f"{where}: column {self.columns['label']!r} (label) holds {value!r}; a classification label "
+                        "is a class index (an integer from 0).")
 
     def _image(self, row: dict[str, Any], where: str) -> Any:
         if self.task == "conversation":

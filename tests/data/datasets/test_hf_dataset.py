@@ -271,3 +271,24 @@ def test_verify_images_decodes_every_row_before_the_first_update(files, tmp_path
     err = _one_line_refusal(files, tmp_path, capsys, H + f"data_files.train={folder}/train.parquet",
                             H + "verify_images=true")
     assert "hf_dataset train: 1 of 6 images do not decode: row 4" in err, err
+
+
+@pytest.mark.parametrize("caption, needle", [
+    (None, "holds NoneType 'None'"), ("  ", "holds str '"), (["a red square", "red"], "holds list"),
+])
+def test_a_caption_cell_that_is_not_one_text_is_one_line(files, tmp_path, capsys, caption, needle):
+    """``str()`` of a null caption would train on 'None', of a list on its repr: refused, naming the row."""
+    import datasets
+    from PIL import Image
+
+    red = Image.new("RGB", (40, 40), (220, 30, 30))
+    folder = tmp_path / "captions"
+    folder.mkdir()
+    rows = [{"image": red, "caption": caption}, {"image": red, "caption": "a red square"}]
+    features = datasets.Features({"image": datasets.Image(), "caption": datasets.Sequence(datasets.Value("string"))
+                                  if isinstance(caption, list) else datasets.Value("string")})
+    if isinstance(caption, list):
+        rows[1]["caption"] = ["a red square"]
+    datasets.Dataset.from_list(rows, features=features).to_parquet(str(folder / "train.parquet"))
+    err = _one_line_refusal(files, tmp_path, capsys, H + "task=caption", H + f"data_files.train={folder}/train.parquet")
+    assert "hf_dataset train row 0: column 'caption' (caption) " + needle in err, err
