@@ -17,6 +17,7 @@ import torch
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from mmvl import registry
+from mmvl.adapters import apply_lora
 from mmvl.config.access import plain_dict
 from mmvl.config.schema import typed_section
 from mmvl.config.components import build_component, component_spec
@@ -24,7 +25,6 @@ from mmvl.data.base import DatasetBuilder
 from mmvl.distributed.comm import is_main_process
 from mmvl.errors import UserError
 from mmvl.models.base import trainable_summary
-from mmvl.adapters import apply_lora
 
 log = logging.getLogger("mmvl")
 

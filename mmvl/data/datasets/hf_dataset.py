@@ -133,7 +133,7 @@ class HFRows(Dataset):
             item["targets"] = self._label(row, where)
         else:
             cell = row[self.columns["answer"]]
-            answers = [self._text({"answer": a}, "answer", where, column=True)
+            answers = [self._checked(a, "answer", where)
                        for a in (cell if isinstance(cell, (list, tuple)) and cell else [cell])]
             question = self._text(row, "question", where)
             if b.generative:
@@ -145,11 +145,14 @@ class HFRows(Dataset):
         item["image"] = b.blank if image is None else b.image_processor(image)
         return item
 
-    def _text(self, row: dict[str, Any], key: str, where: str, column: bool = False) -> str:
-        """The text cell of the task's ``key`` (``column``: ``row`` is keyed by the task's key): a
-        non-empty string (a number reads as its digits); null, blank, a list or a mapping is refused
-        naming the row, where ``str()`` would train on ``'None'`` or a list's repr."""
-        value = row[key if column else self.columns[key]]
+    def _text(self, row: dict[str, Any], key: str, where: str) -> str:
+        """The text cell of the task's ``key`` in ``row`` (see :meth:`_checked`)."""
+        return self._checked(row[self.columns[key]], key, where)
+
+    def _checked(self, value: Any, key: str, where: str) -> str:
+        """``value`` of the task's ``key`` as text: a non-empty string (a number reads as its digits);
+        null, blank, a list or a mapping is refused naming the row, where ``str()`` would train on
+        ``'None'`` or a list's repr."""
         if isinstance(value, (str, int, float)) and not isinstance(value, bool) and str(value).strip():
             return str(value)
         raise UserError(f"{where}: column {self.columns[key]!r} ({key}) holds {type(value).__name__} {str(value)[:40]!r}; "

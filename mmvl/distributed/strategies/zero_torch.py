@@ -43,7 +43,9 @@ class ZeroTorchStrategy(DDPStrategy):
 
     name = "zero_torch"
     shards_optimizer_state = True
-    full_gradients = False  # clipped through the strategy, on the whole prepared model
+    # DDP leaves whole gradients on every rank here too; clipping stays the strategy's whole-model clip,
+    # as it was before strategies declared this (a subset clip under ZeRO was never offered)
+    full_gradients = False
 
     def wrap(self, model, optimizer):
         from torch.distributed.optim import ZeroRedundancyOptimizer  # slow import (DTensor, sympy)
