@@ -7,4 +7,4 @@ __all__ = ["BaseModel", "VisualBert"]
 from mmvl.models import concat_bert, mmbt  # noqa: F401,E402
 from mmvl.models import relation_network  # noqa: F401,E402
 from mmvl.models import clip  # noqa: F401,E402
-from mmvl.models import vlm  # noqa: F401,E402
+from mmvl.models import vlm, hf_vlm  # noqa: F401,E402

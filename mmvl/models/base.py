@@ -81,11 +81,11 @@ class BaseModel(torch.nn.Module):
         names = [n for n, _ in self.named_parameters()]
         out: dict[str, list[str]] = {}
         for part, prefixes in self.PARTS.items():
-            held = [n for n in names if _under(n, prefixes)]
+            held = [n for n in names if under_prefix(n, prefixes)]
             if held:
                 out[part] = held
         if self.HEAD:
-            base = [n for n in names if not _under(n, self.HEAD)]
+            base = [n for n in names if not under_prefix(n, self.HEAD)]
             if base:
                 out[BASE_PART] = base
         return out
@@ -116,7 +116,8 @@ class BaseModel(torch.nn.Module):
         return list(dict.fromkeys(wanted))
 
 
-def _under(name: str, prefixes: Iterable[str]) -> bool:
+def under_prefix(name: str, prefixes: Iterable[str]) -> bool:
+    """Whether parameter ``name`` lies in one of the modules ``prefixes`` names."""
     return any(name == p or name.startswith(p + ".") for p in prefixes)
 
 

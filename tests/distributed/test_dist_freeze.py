@@ -19,8 +19,8 @@ from mmvl.checkpoint import canonical_key
 from mmvl.config import load_config
 from mmvl.io import safe_load
 from mmvl.registry import MODELS
+from tests.fixtures.tiny_models import tiny_opts
 
-TINY = Path(__file__).resolve().parents[1] / "models" / "tiny"
 #: (strategy, model, part, resumed): ddp and fsdp resumed from their checkpoints; a second fsdp
 #: layout and the ZeRO strategies trained only (the slow suite's time is short)
 #: the models mmvl registers (from the registry), each with its ``base`` frozen under ddp and fsdp
@@ -33,7 +33,7 @@ UPDATES = 2
 
 
 def _config(strategy: str, model: str, part: str, workdir: str, updates: int):
-    return load_config([f"config={TINY / f'{model}.yaml'}", f"env.data_dir={workdir}/data",
+    return load_config([*tiny_opts(model, Path(workdir) / "data"),
                         f"env.save_dir={workdir}/{strategy}_{model}_{part}", f"distributed.strategy={strategy}",
                         f"model_config.{model}.freeze=[{part}]", f"training.max_updates={updates}",
                         f"training.checkpoint_interval={UPDATES}", "training.evaluation_interval=0",

@@ -23,8 +23,8 @@ from mmvl.losses import build_losses, compute_losses
 from mmvl.models.base import BASE_PART
 from mmvl.optim import build_optimizer, optimizer_section
 from mmvl.registry import MODELS
+from tests.fixtures.tiny_models import tiny_opts
 
-TINY = Path(__file__).resolve().parent / "tiny"
 #: the models mmvl registers (test fixtures register their own, which ship nothing)
 SHIPPED = [name for name in MODELS.names() if MODELS.get(name).__module__.startswith("mmvl.")]
 UPDATES = 2
@@ -32,7 +32,7 @@ UPDATES = 2
 VOCAB_SIZE, NUM_LABELS = 40, 5
 #: every null size a dataset fills in, by key (a generative VLM's token ids too)
 DATA_SIZES = {"vocab_size": VOCAB_SIZE, "num_labels": NUM_LABELS, "image_token_id": VOCAB_SIZE - 1,
-              "pad_token_id": 0, "eos_token_id": 3}
+              "pad_token_id": 0, "eos_token_id": 3, "processor": "the model folder"}
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
@@ -43,8 +43,7 @@ def no_data(tmp_path):
     def get(name: str, *overrides: str):
         shipped = OmegaConf.load(CONFIGS / "models" / f"{name}.yaml").model_config[name]
         sizes = {k: v for k, v in DATA_SIZES.items() if k in shipped}  # the null keys this model reads
-        config = load_config([f"config={TINY / f'{name}.yaml'}", f"env.data_dir={tmp_path}",
-                              f"env.save_dir={tmp_path}", *(f"model_config.{name}.{k}={v}" for k, v in sizes.items()),
+        config = load_config([*tiny_opts(name, tmp_path), f"env.save_dir={tmp_path}", *(f"model_config.{name}.{k}={v}" for k, v in sizes.items()),
                               *overrides])
         return config, model_config(config, {})
 
@@ -61,8 +60,7 @@ def tiny(tmp_path_factory):
     def get(name: str, *overrides: str):
         key = (name, *overrides)
         if key not in cache:
-            config = load_config([f"config={TINY / f'{name}.yaml'}", f"env.data_dir={data_dir}",
-                                  f"env.save_dir={save_dir}", *overrides])
+            config = load_config([*tiny_opts(name, data_dir), f"env.save_dir={save_dir}", *overrides])
             builders = build_datasets(config)
             for builder in builders.values():
                 builder.prepare()

@@ -21,6 +21,10 @@ KNOWN: dict[str, dict[str, str]] = {
     },
 }
 
+#: models whose forward is a library's architecture code, not mmvl's: hf_vlm runs transformers' released VLMs,
+#: whose breaks (an .item() in the image-token check, output-recording hooks) are transformers' to fix and change
+#: with its version. They are traced and run here, but not pinned.
+FOREIGN = ("hf_vlm",)
 
 #: in the fast suite: the demo and benchmark model, and the one with a known break (1.5-2 s of CPU each);
 #: tracing mmbt and concat_bert costs 2.5-3.5 s each, so they run with the slow tests
@@ -32,6 +36,8 @@ def test_graph_breaks_of_every_registered_model_are_known(name, tiny_data_dir, t
     _, model, losses, _, batch = build_tiny(name, tiny_data_dir, tmp_path)
     model.train()
     breaks = graph_breaks(lambda b: total_loss(model, losses, b), batch)
+    if name in FOREIGN:
+        return
     assert breaks == sorted(KNOWN.get(name, {})), (  # [] is a fullgraph=True compile
         f"{name}: graph breaks changed; fix a new one in the model or list it in KNOWN with its reason: {breaks}")
 

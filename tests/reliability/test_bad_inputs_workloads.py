@@ -25,6 +25,7 @@ from tests.data.datasets.test_easy_vqa_generative import TEST, TRAIN
 from tests.fixtures.easy_vqa_files import write_easy_vqa_root
 from tests.fixtures.hf_files import write_cauldron
 from tests.fixtures.llava_files import write_llava
+from tests.fixtures.released_vlms import make_llava, write_llava_set
 from tests.fixtures.tiny_vlm import make_chat_lm
 from tests.reliability.test_bad_inputs import assert_one_line
 
@@ -66,9 +67,13 @@ WORKLOADS = {
         "datasets=hf_dataset", "dataset_config.hf_dataset.path={files}/hf/disk", "dataset_config.hf_dataset.splits.val=test",
         "dataset_config.hf_dataset.processors.text_processor.params.tokenizer_path={files}/llava/tok",
         "training.early_stop.criteria=total_loss"]),
+    "hf_vlm": Workload("projects/hf_vlm/configs/defaults.yaml", [
+        "model_config.hf_vlm.path={files}/hf_vlm/model", "dataset_config.llava.annotations.train={files}/hf_vlm/data/train.json",
+        "dataset_config.llava.annotations.val={files}/hf_vlm/data/val.json",
+        "dataset_config.llava.image_folder={files}/hf_vlm/data/images"]),
 }
 #: which workload runs each registered generative model (a model with ``generate``)
-GENERATIVE = {"vlm": "vlm"}
+GENERATIVE = {"vlm": "vlm", "hf_vlm": "hf_vlm"}
 
 VLM, LM = "model_config.vlm.", "model_config.vlm.language_model."
 #: (workload, override, what the line says)
@@ -116,6 +121,17 @@ ROWS += [("llava", _TRAIN + "gpt_first.json", "sample 'a': the first turn is not
           "chat_template renders no assistant turn"),
          ("llava", "dataset_config.llava.annotations.val=null", "annotations.val is not set, and the run uses the val split"),
          ("llava", "dataset_config.llava.on_bad_image=skip", "Unknown config key 'dataset_config.llava.on_bad_image'")]
+# released VLMs (hf_vlm): the folder, what it holds, the placeholders, the image tokens against max_length
+_HV, _HVP = "model_config.hf_vlm.path={files}/hf_vlm/", "dataset_config.llava.processors.text_processor.params."
+ROWS += [("hf_vlm", _HV + "nothing_here", "path='{files}/hf_vlm/nothing_here' is not a folder"),
+         ("hf_vlm", _HV + "causal_lm", "holds a llama model, not an image-text-to-text VLM; for a causal LM use model: vlm"),
+         ("hf_vlm", _HV + "no_processor", "has no VLM processor"),
+         ("hf_vlm", _HV + "no_template", "has no chat template; set processor.chat_template"),
+         ("hf_vlm", "dataset_config.llava.annotations.train={files}/hf_vlm/data/two_images_one_placeholder.json",
+          "sample 'p': it has 2 images and 1 <image> placeholders"),
+         ("hf_vlm", _HVP + "max_length=12", "train sample 'train0': its image tokens end at token 18, after max_length=12"),
+         ("hf_vlm", [_HVP + "max_length=24", _HVP + "on_too_long=error"],
+          "train sample 'train0': 27 tokens with the image tokens exceed max_length=24")]
 # Hugging Face datasets on disk: the folder, the globs, the columns, the images, the split names
 _HF = "dataset_config.hf_dataset."
 _PARQUET = [_HF + "path=null", _HF + "splits.val=null", _HF + "data_files.train={files}/hf/parquet/train-*.parquet"]
@@ -134,7 +150,7 @@ ROWS += [("vlm", f"evaluation.generate_max_samples={n}", "'evaluation.generate_m
           "a positive integer or null") for n in (0, -4)]
 ROWS.append(("vlm", "training.early_stop.criteria=easy_vqa_generative/bleu4",
              "training.early_stop.criteria='easy_vqa_generative/bleu4': the run does not compute 'bleu4'"))
-for workload in sorted(set(WORKLOADS) - {"vlm", "llava", "hf_dataset"}):  # the workloads of a model that does not generate
+for workload in sorted(set(WORKLOADS) - {"vlm", "llava", "hf_dataset", "hf_vlm"}):  # the workloads of a model that does not generate
     ROWS.append((workload, "evaluation.metrics=[cider]", "score generated text, and model"))
 for workload in WORKLOADS:  # EMA, layer decay and parameter groups: every workload
     ROWS += [(workload, "training.ema.decay=-1", "training.ema.decay=-1.0 must be in (0, 1)"),
@@ -168,6 +184,7 @@ def files(tmp_path_factory) -> Path:
     for name, record in bad.items():  # each after a good record, as a file someone else wrote would have it
         good = json.loads((root / "llava" / "train.json").read_text())[0]
         (root / "llava" / f"{name}.json").write_text(json.dumps([good, record]))
+    _released_vlm_folders(root / "hf_vlm")
     (root / "lm_empty").mkdir()
     (root / "lm_not_json").mkdir()
     (root / "lm_not_json" / "config.json").write_text("{not json")
@@ -182,6 +199,25 @@ def files(tmp_path_factory) -> Path:
         write_shards(root / "images", root / f"{split}.jsonl", root / "data" / "shards", prefix=split,
                      samples_per_shard=8)
     return root
+
+
+def _released_vlm_folders(root: Path) -> None:
+    """A tiny LLaVA folder and its set, and folders a user might give instead: a causal LM, a model
+    without its processor, a processor without a chat template."""
+    import shutil
+
+    model = make_llava(root / "model")
+    data = write_llava_set(root / "data")
+    make_chat_lm(root / "causal_lm")
+    (root / "no_processor").mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(model / name, root / "no_processor" / name)
+    shutil.copytree(model, root / "no_template")
+    (root / "no_template" / "chat_template.jinja").unlink()
+    record = {"id": "p", "image": ["red.png", "blue.png"],
+              "conversations": [{"from": "human", "value": "<image>\nwhat color"}, {"from": "gpt", "value": "red"}]}
+    good = json.loads((data / "train.json").read_text())[0]
+    (data / "two_images_one_placeholder.json").write_text(json.dumps([good, record]))
 
 
 def _run(files: Path, save: Path, workload: str, extra: list[str], capsys) -> tuple[int, str]:

@@ -36,7 +36,6 @@ from mmvl.data.processors import prompt_answer as _prompt_answer  # noqa: F401  
 from mmvl.data.records import Strings, Table
 from mmvl.data.datasets.text_generation import GeneratesText
 from mmvl.errors import UserError
-from mmvl.labels import IGNORE_INDEX
 from mmvl.registry import register_dataset
 
 #: easy-VQA's shapes and colours (its answers besides yes and no)
@@ -203,7 +202,6 @@ class EasyVQAGenerativeBuilder(GeneratesText, EasyVQABuilder):
 
     name = "easy_vqa_generative"
     config_path = "datasets/easy_vqa_generative.yaml"
-    pad_values = {"targets": IGNORE_INDEX}
 
     def __init__(self, config: Any, data_dir: str):
         super().__init__(config, data_dir)

@@ -36,7 +36,7 @@ from torch.utils.data import Dataset
 from mmvl.data.datasets._common import FileDatasetBuilder, data_path
 from mmvl.data.datasets.image_files import verify_images, verify_requested
 from mmvl.data.datasets.hf_access import GENERATED, READ, TASKS, arrow_row, image_cell, open_split, source_files
-from mmvl.data.datasets.text_generation import GeneratesText
+from mmvl.data.datasets.text_generation import ANSWER_PROCESSORS, GeneratesText, visual_sample
 from mmvl.data.processors import answers as _answers  # noqa: F401  (registers vqa_answer)
 from mmvl.data.processors import image as _image  # noqa: F401  (registers torchvision_transforms)
 from mmvl.data.processors import prompt_answer as _prompt_answer  # noqa: F401  (registers prompt_answer)
@@ -113,19 +113,23 @@ class HFRows(Dataset):
         b, row = self.builder, arrow_row(self.rows, index)
         where = f"{b.name} {self.split} row {index}"
         item: dict[str, Any] = {"id": int(index)}
-        image = self._image(row, where)
+        images = self._images(row, where)
+        image = images[0] if images else None
+        pixels = functools.partial(visual_sample, b.text_processor, b.image_processor, images, where=where,
+                                   blank=b.blank) if b.generative else None
         if self.task == "conversation":
             turns = []
             for k, (user, answer) in enumerate(conversation_pairs(row[self.columns["texts"]], self.columns["texts"],
                                                                   where)):
-                turns += [{"role": "user", "content": f"<image>\n{user}" if (k == 0 and image is not None) else user},
-                          {"role": "assistant", "content": answer}]
-            item.update(b.text_processor.conversation(turns, image is not None, self.label, where))
+                head = "<image>" * len(images) + "\n" if k == 0 and images else ""
+                turns += [{"role": "user", "content": head + user}, {"role": "assistant", "content": answer}]
+            item.update(pixels(turns=turns, label=self.label))
             item["answer"] = turns[-1]["content"] if turns else ""
-        elif self.task == "caption":
+            return item
+        if self.task == "caption":
             caption = self._text(row, "caption", where)
-            item.update(b.text_processor(b.caption_prompt, caption))
-            item["answer"] = caption
+            item.update(pixels(prompt=b.caption_prompt, answer=caption), answer=caption)
+            return item
         elif self.task == "contrastive":
             item.update(b.text_processor(self._text(row, "caption", where)))
         elif self.task == "classification":
@@ -137,8 +141,9 @@ class HFRows(Dataset):
                        for a in (cell if isinstance(cell, (list, tuple)) and cell else [cell])]
             question = self._text(row, "question", where)
             if b.generative:
-                item.update(b.text_processor(question, answers[0]))
+                item.update(pixels(prompt=question, answer=answers[0]))
                 item["answer"] = answers if len(answers) > 1 else answers[0]
+                return item
             else:
                 item.update(b.text_processor(question))
                 item["targets"] = b.answer_processor.index.get(normalize_answer(answers[0]), IGNORE_INDEX)
@@ -166,11 +171,11 @@ class HFRows(Dataset):
         raise UserError(f"{where}: column {self.columns['label']!r} (label) holds {value!r}; a classification label "
                         "is a class index (an integer from 0).")
 
-    def _image(self, row: dict[str, Any], where: str) -> Any:
+    def _images(self, row: dict[str, Any], where: str) -> list[Any]:
+        """The row's decoded images: the ``images`` list of a conversation (any number), else its one image."""
         if self.task == "conversation":
-            cells = image_cells(row[self.columns["images"]])
-            return decode_cell(cells[0], self.builder.image_folder, where) if cells else None
-        return decode_cell(row[self.columns["image"]], self.builder.image_folder, where)
+            return [decode_cell(cell, self.builder.image_folder, where) for cell in image_cells(row[self.columns["images"]])]
+        return [decode_cell(row[self.columns["image"]], self.builder.image_folder, where)]
 
 
 @register_dataset("hf_dataset")
@@ -179,7 +184,6 @@ class HFDatasetBuilder(GeneratesText, FileDatasetBuilder):
 
     name = "hf_dataset"
     config_path = "datasets/hf_dataset.yaml"
-    pad_values = {"targets": IGNORE_INDEX}
     #: any text processor: prompt_answer for a generative model, another for a classifier or clip
     text_processor = FileDatasetBuilder.text_processor
 
@@ -196,13 +200,13 @@ class HFDatasetBuilder(GeneratesText, FileDatasetBuilder):
         self.columns = {**{k: k for k in TASKS[self.task]}, **{k: str(v) for k, v in mapped.items()}}
         self.caption_prompt = str(self.cfg.get("caption_prompt") or "describe the image")
         kind = ((self.cfg.get("processors") or {}).get("text_processor") or {}).get("type")
-        self.generative = kind == "prompt_answer"
+        self.generative = kind in ANSWER_PROCESSORS
         if not self.generative and self.task in GENERATED:
             raise UserError(f"{self.name}: task {self.task} writes text: its text_processor must be prompt_answer "
-                            f"(got {kind!r}).")
+                            f"(or hf_processor for model hf_vlm; got {kind!r}).")
         if self.generative and self.task in READ:
             raise UserError(f"{self.name}: task {self.task} is read, not written: use a text processor such as "
-                            f"{{type: vocab}} or {{type: bert_tokenizer}}, not prompt_answer.")
+                            f"{{type: vocab}} or {{type: bert_tokenizer}}, not {kind}.")
         self._data: dict[str, Any] = {}
         self._blank: torch.Tensor | None = None
 

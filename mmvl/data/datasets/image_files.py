@@ -76,6 +76,18 @@ def decode_image(path: Path) -> Any:
         return img.convert("RGB")
 
 
+def image_size(path: Path, where: str) -> tuple[int, int]:
+    """``(width, height)`` of an image from its header alone (no pixels decoded); one line naming the
+    file when even the header cannot be read."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as img:
+            return tuple(img.size)  # type: ignore[return-value]
+    except (OSError, ValueError) as e:
+        raise UserError(f"{where}: image {str(path)!r} cannot be read ({type(e).__name__}); replace the file.") from None
+
+
 def verify_requested(cfg: Mapping[str, Any], dataset: str) -> bool:
     """``dataset_config.<dataset>.verify_images``: true decodes every image of each split the run uses
     before the first update; false (the default) decodes each when a batch needs it."""

@@ -26,8 +26,8 @@ import torch
 from torch.utils.data import Dataset
 
 from mmvl.data.datasets._common import FileDatasetBuilder, data_path
-from mmvl.data.datasets.image_files import decode_image, verify_images, verify_requested
-from mmvl.data.datasets.text_generation import GeneratesText
+from mmvl.data.datasets.image_files import decode_image, image_size, verify_images, verify_requested
+from mmvl.data.datasets.text_generation import GeneratesText, takes_images, visual_sample
 from mmvl.data.processors import image as _image  # noqa: F401  (registers torchvision_transforms)
 from mmvl.data.processors import prompt_answer as _prompt_answer  # noqa: F401  (registers prompt_answer)
 from mmvl.data.processors.chat import check_turns
@@ -41,9 +41,20 @@ ROLES = {"human": "user", "gpt": "assistant", "user": "user", "assistant": "assi
 SPLITS = ("train", "val", "test")
 
 
+def image_paths(image: Any, where: str) -> list[str]:
+    """A record's ``image``: none, one path, or a list of paths (several images, one ``<image>`` each)."""
+    paths = [image] if isinstance(image, str) else image if isinstance(image, list) else None
+    if image is None or image == "":
+        return []
+    if not paths or not all(isinstance(p, str) and p and "\n" not in p for p in paths):
+        raise UserError(f"{where}: image={image!r}; give a path under image_folder, or a list of them.")
+    return paths
+
+
 def parse_llava(path: Path, name: str = "llava") -> Table:
-    """A LLaVA JSON file as a table: ``sample_id``, ``image`` ("" for text-only) and ``turns`` (the
-    conversation as JSON ``[{"role", "content"}]``); every record checked, errors naming it."""
+    """A LLaVA JSON file as a table: ``sample_id``, ``image`` (its paths a line each, "" for text-only)
+    and ``turns`` (the conversation as JSON ``[{"role", "content"}]``); every record checked, errors
+    naming it."""
     try:
         records = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as e:
@@ -67,12 +78,10 @@ def parse_llava(path: Path, name: str = "llava") -> Table:
             if role is None or not isinstance(turn.get("value"), str):
                 raise UserError(f"{where}: turn {turn!r} is not {{from: human | gpt, value: text}}.")
             messages.append({"role": role, "content": turn["value"]})
-        image = record.get("image") or ""
-        if not isinstance(image, str):
-            raise UserError(f"{where}: image={image!r}; give one path under image_folder (a string).")
-        check_turns(messages, bool(image), "<image>", where)
+        paths = image_paths(record.get("image"), where)
+        check_turns(messages, len(paths), "<image>", where)
         ids.append(str(sample))
-        images.append(image)
+        images.append("\n".join(paths))
         turns.append(json.dumps(messages))
     return Table({"sample_id": Strings.build(ids), "image": Strings.build(images), "turns": Strings.build(turns)})
 
@@ -92,24 +101,25 @@ class LlavaDataset(Dataset):
 
     def sample_lengths(self) -> list[int]:
         """About each conversation's tokens (``training.group_by_length``)."""
-        return [self.text_processor.length([t["content"] for t in json.loads(turns)], bool(image))
+        return [self.text_processor.length([t["content"] for t in json.loads(turns)], image.count("\n") + bool(image))
                 for turns, image in zip(self.records.column("turns"), self.records.column("image"))]
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         sample, image = self.records.column("sample_id")[index], self.records.column("image")[index]
         turns = json.loads(self.records.column("turns")[index])
         item: dict[str, Any] = {"id": index, "sample_id": sample, "answer": turns[-1]["content"]}
-        item.update(self.text_processor.conversation(turns, bool(image), self.label, f"{self.name} sample {sample!r}"))
-        if image:
-            path = self.folder / image
-            try:
-                item["image"] = self.image_processor(decode_image(path))
-            except (OSError, ValueError) as e:
-                raise UserError(f"{self.name} sample {sample!r}: image {str(path)!r} cannot be decoded "
-                                f"({type(e).__name__}); replace the file.") from None
-        else:
-            item["image"] = self.blank
+        images = [self.decoded(path, sample) for path in image.split("\n")] if image else []
+        item.update(visual_sample(self.text_processor, self.image_processor, images, turns=turns, label=self.label,
+                                  where=f"{self.name} sample {sample!r}", blank=self.blank))
         return item
+
+    def decoded(self, image: str, sample: str) -> Any:
+        path = self.folder / image
+        try:
+            return decode_image(path)
+        except (OSError, ValueError) as e:
+            raise UserError(f"{self.name} sample {sample!r}: image {str(path)!r} cannot be decoded "
+                            f"({type(e).__name__}); replace the file.") from None
 
 
 @register_dataset("llava")
@@ -150,16 +160,23 @@ class LlavaBuilder(GeneratesText, FileDatasetBuilder):
         processor = self.text_processor
         folder = self.image_folder
         first: dict[str, Any] = {}  # image -> the first sample showing it
-        for sample, image in zip(records.column("sample_id").tolist(), records.column("image").tolist()):
-            if image and not (folder / image).is_file():
-                raise UserError(f"{self.name} {split} sample {sample!r}: image {str(folder / image)!r} does not exist; "
-                                f"check dataset_config.{self.name}.image_folder.")
-            if image:
+        for sample, paths in zip(records.column("sample_id").tolist(), records.column("image").tolist()):
+            for image in paths.split("\n") if paths else []:
+                if not (folder / image).is_file():
+                    raise UserError(f"{self.name} {split} sample {sample!r}: image {str(folder / image)!r} does not "
+                                    f"exist; check dataset_config.{self.name}.image_folder.")
                 first.setdefault(image, sample)
         if verify_requested(self.cfg, self.name):
             verify_images(((f"sample {sample!r}: {str(folder / image)!r}", functools.partial(decode_image, folder / image))
                            for image, sample in first.items()), f"{self.name} {split}")
-        if getattr(processor, "on_too_long", None) == "error":
+        if takes_images(processor):  # every sample's image tokens fit (their count follows each image's size)
+            label = self.build(split).label
+            for sample, paths, turns in zip(records.column("sample_id").tolist(), records.column("image").tolist(),
+                                            records.column("turns").tolist()):
+                sizes = [image_size(folder / p, f"{self.name} {split} sample {sample!r}") for p in paths.split("\n")
+                         if p]
+                processor.check_fits(json.loads(turns), sizes, label, f"{self.name} {split} sample {sample!r}")
+        elif getattr(processor, "on_too_long", None) == "error":
             dataset = self.build(split)
             for row in range(len(records)):
                 turns = json.loads(records.column("turns")[row])

@@ -15,7 +15,6 @@ from mmvl.data.datasets.sort_of_clevr import ANSWERS, SortOfClevrBuilder, SortOf
 from mmvl.data.processors import prompt_answer as _prompt_answer  # noqa: F401  (registers prompt_answer)
 from mmvl.data.datasets.text_generation import GeneratesText
 from mmvl.errors import UserError
-from mmvl.labels import IGNORE_INDEX
 from mmvl.registry import PROCESSORS, register_dataset
 
 _TEXT = "dataset_config.sort_of_clevr_generative.processors.text_processor"
@@ -38,7 +37,6 @@ class SortOfClevrGenerativeBuilder(GeneratesText, SortOfClevrBuilder):
     """Sort-of-CLEVR whose answers are generated text (a VLM's offline task)."""
 
     config_path = "datasets/sort_of_clevr_generative.yaml"
-    pad_values = {"targets": IGNORE_INDEX}
 
     def __init__(self, config, data_dir: str):
         super().__init__(config, data_dir)

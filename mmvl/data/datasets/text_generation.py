@@ -3,28 +3,72 @@ text processor, and prediction rows that carry their reference, so a predictions
 (:mod:`mmvl.metrics.generation`) without the dataset."""
 from __future__ import annotations
 
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Sequence
 
+from mmvl.data.processors.vlm_processor import IMAGES
 from mmvl.errors import UserError
+from mmvl.labels import IGNORE_INDEX
+
+#: the text processors that write labelled answer tokens: mmvl's layout or a chat template
+#: (``prompt_answer``), or a released VLM's own processor, which also makes the pixels (``hf_processor``)
+ANSWER_PROCESSORS = ("prompt_answer", "hf_processor")
+
+
+def takes_images(text_processor: Any) -> bool:
+    """Whether the text processor makes the pixels itself (a released VLM's processor)."""
+    return bool(getattr(text_processor, "takes_images", False))
+
+
+def visual_sample(text_processor: Any, image_processor: Any, images: Sequence[Any], *, turns: Any = None,
+                  prompt: str = "", answer: str | None = None, label: str = "all", where: str = "sample",
+                  blank: Any = None) -> dict[str, Any]:
+    """One sample's tokens and pixels: a conversation (``turns``) or a ``prompt`` and its ``answer``,
+    about ``images`` (raw: decoded files or pixel arrays). A processor that takes images makes the
+    pixels; otherwise ``image_processor`` makes ``image`` of the one image (``blank`` without one)."""
+    if takes_images(text_processor):
+        if turns is not None:
+            return text_processor.conversation(turns, list(images), label, where)
+        return text_processor(prompt, answer, images=list(images))
+    if len(images) > 1:
+        raise UserError(f"{where}: {len(images)} images; the prompt_answer text processor lays out one image a sample.")
+    out = (text_processor.conversation(turns, bool(images), label, where) if turns is not None
+           else text_processor(prompt, answer))
+    out["image"] = image_processor(images[0]) if images else blank
+    return out
 
 
 class GeneratesText:
-    """Mixed into a builder with a ``text_processor`` (``prompt_answer``) and samples with an ``answer``."""
+    """Mixed into a builder with a ``text_processor`` (``prompt_answer`` or ``hf_processor``) and
+    samples with an ``answer``."""
+
+    #: the padding of a batch's token labels is ignored by the loss, never learnt as a token
+    pad_values = MappingProxyType({"targets": IGNORE_INDEX})
 
     @property
     def text_processor(self) -> Any:
-        """The builder's ``prompt_answer`` processor (no other writes labelled answer tokens)."""
+        """The builder's processor of labelled answer tokens (:data:`ANSWER_PROCESSORS`)."""
         kind = ((self.cfg.get("processors") or {}).get("text_processor") or {}).get("type")  # type: ignore[attr-defined]
-        if kind != "prompt_answer":
+        if kind not in ANSWER_PROCESSORS:
             name = self.name  # type: ignore[attr-defined]
-            raise UserError(f"dataset_config.{name}.processors.text_processor.type={kind!r}; {name} needs prompt_answer.")
+            raise UserError(f"dataset_config.{name}.processors.text_processor.type={kind!r}; {name} needs prompt_answer "
+                            "(or hf_processor, a released VLM's own, for model hf_vlm).")
         return super().text_processor  # type: ignore[misc]  # the builder's processor cache
 
     def collate(self, items: list[dict[str, Any]]) -> dict[str, Any]:
-        """The base builder's batch, its padding positions holding the tokenizer's pad id."""
+        """The base builder's batch, its padding positions holding the tokenizer's pad id; the image
+        tensors of a processor that makes them batched by their kind (``images``)."""
+        processor = self.text_processor
+        images = [item.get(IMAGES) for item in items]
+        if takes_images(processor):
+            items = [{k: v for k, v in item.items() if k != IMAGES} for item in items]
         batch = super().collate(items)  # type: ignore[misc]  # the builder this is mixed into
-        pad = self.text_processor.tokenizer.pad_token_id
+        pad = processor.model_info()["pad_token_id"]
         batch["input_ids"] = batch["input_ids"].masked_fill(batch["attention_mask"].eq(0), pad)
+        if takes_images(processor):
+            joined = processor.collate_images(images)
+            if joined is not None:
+                batch[IMAGES] = joined
         return batch
 
     def model_info(self) -> dict[str, int]:

@@ -5,4 +5,4 @@ from mmvl.data.features.processor import FeaturesProcessor  # noqa: F401  (regis
 
 __all__ = ["BertTokenizerProcessor", "text"]
 from mmvl.data.processors import answers, image, vocab  # noqa: F401,E402  (registers vqa_answer, torchvision_transforms, vocab)
-from mmvl.data.processors import prompt_answer  # noqa: F401,E402  (registers prompt_answer)
+from mmvl.data.processors import prompt_answer, vlm_processor  # noqa: F401,E402  (registers prompt_answer, hf_processor)

@@ -28,9 +28,10 @@ _PROBE = "mmvl probe answer"
 ROLES = ("user", "assistant")
 
 
-def check_turns(turns: Sequence[dict[str, str]], has_image: bool, image_token: str, where: str) -> None:
+def check_turns(turns: Sequence[dict[str, str]], images: int | bool, image_token: str, where: str) -> None:
     """A conversation mmvl can train on: user first, then assistant and user in turn, ending with the
-    assistant; one ``image_token`` in it exactly when it has an image."""
+    assistant; as many ``image_token`` placeholders in its user turns as it has ``images`` (a bool:
+    one or none)."""
     if not turns:
         raise UserError(f"{where}: the conversation has no turns; give user/assistant turns.")
     for i, turn in enumerate(turns):
@@ -46,10 +47,12 @@ def check_turns(turns: Sequence[dict[str, str]], has_image: bool, image_token: s
         raise UserError(f"{where}: turn {answered} (the assistant's, gpt) holds {image_token}; put the placeholder in "
                         "the first human turn.")
     placeholders = sum(str(t["content"]).count(image_token) for t in turns)
-    if has_image and placeholders != 1:
-        raise UserError(f"{where}: it has an image and {placeholders} {image_token} placeholders; put one "
-                        f"{image_token} in the first human turn.")
-    if not has_image and placeholders:
+    count = int(images)
+    if count and placeholders != count:
+        said = "an image" if count == 1 else f"{count} images"
+        raise UserError(f"{where}: it has {said} and {placeholders} {image_token} placeholders; put one "
+                        f"{image_token} per image in the human turns (in the images' order).")
+    if not count and placeholders:
         raise UserError(f"{where}: {image_token} appears, but the sample has no image; drop the placeholder or "
                         "give the sample an image.")
 
@@ -65,11 +68,30 @@ def image_first(turns: Sequence[dict[str, str]], image_token: str) -> list[dict[
     return out
 
 
-class ChatTemplate:
-    """A tokenizer's chat template as a conversation layout (see the module docstring)."""
+def structured(turns: Sequence[dict[str, str]], image_token: str) -> list[dict[str, Any]]:
+    """Turns as a processor's chat template reads them: each content a list of ``{"type": "image"}``
+    and ``{"type": "text", "text"}`` items, an image item at each ``image_token`` of the text."""
+    out = []
+    for turn in turns:
+        items: list[dict[str, str]] = []
+        for k, text in enumerate(str(turn["content"]).split(image_token)):
+            if k:
+                items.append({"type": "image"})
+            if text.strip():
+                items.append({"type": "text", "text": text.strip()})
+        out.append({"role": turn["role"], "content": items})
+    return out
 
-    def __init__(self, tokenizer: Any, where: str):
-        self.tok, self.where = tokenizer, where
+
+class ChatTemplate:
+    """A chat template as a conversation layout (see the module docstring). ``renderer`` holds the
+    template (a tokenizer, or a VLM's processor: then ``image_token`` is set and turns render as
+    structured content, an image item at each placeholder); ``tokenizer`` encodes (the renderer by
+    default)."""
+
+    def __init__(self, renderer: Any, where: str, tokenizer: Any = None, image_token: str | None = None):
+        self.renderer, self.where, self.image_token = renderer, where, image_token
+        self.tok = renderer if tokenizer is None else tokenizer
         probe = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": _PROBE}]
         start, end = self.render(probe[:1], True), self.render(probe)
         at = end.find(_PROBE, len(start)) if end.startswith(start) else -1
@@ -79,11 +101,13 @@ class ChatTemplate:
                             "fix the template or remove chat_template from the folder.")
         tail = self.encode(end[at + len(_PROBE):])
         #: the template's end-of-turn token, labelled after each assistant turn; generation stops at it
-        self.end_id = int(tail[0]) if tail else int(tokenizer.eos_token_id)
+        self.end_id = int(tail[0]) if tail else int(self.tok.eos_token_id)
 
     def render(self, turns: Sequence[dict[str, str]], generation_prompt: bool = False) -> str:
-        with library_input(f"{self.where}: the tokenizer's chat_template does not render", "fix the template."):
-            return str(self.tok.apply_chat_template(list(turns), tokenize=False, add_generation_prompt=generation_prompt))
+        messages = structured(turns, self.image_token) if self.image_token else list(turns)
+        with library_input(f"{self.where}: the chat_template does not render", "fix the template."):
+            return str(self.renderer.apply_chat_template(messages, tokenize=False,
+                                                         add_generation_prompt=generation_prompt))
 
     def encode(self, text: str) -> list[int]:
         return list(self.tok(text, add_special_tokens=False)["input_ids"]) if text else []

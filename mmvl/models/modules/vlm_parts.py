@@ -8,8 +8,9 @@ placeholder token.
 """
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -46,6 +47,21 @@ class Projector(nn.Module):
         return self.net(tokens)
 
 
+@contextlib.contextmanager
+def quiet_loading() -> Iterator[None]:
+    """transformers' weight-loading progress bar off while a model loads: rank 0 owns what the run
+    prints, and a bar on stderr would also break the one-line errors that follow it."""
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
+
+
 def load_causal_lm(path: Any, attn_implementation: str = "sdpa", key: str = "model_config.vlm.language_model") -> nn.Module:
     """A transformers causal LM from a local folder (``save_pretrained``'s layout); nothing downloads.
     What transformers refuses (a folder without a model, a config.json that is not JSON, an unknown
@@ -55,7 +71,8 @@ def load_causal_lm(path: Any, attn_implementation: str = "sdpa", key: str = "mod
                         "folder (config.json + weights, e.g. written by save_pretrained).")
     from transformers import AutoModelForCausalLM
 
-    with library_input(f"{key}.path={str(path)!r} does not load", "give a causal LM folder written by save_pretrained."):
+    with library_input(f"{key}.path={str(path)!r} does not load", "give a causal LM folder written by save_pretrained."), \
+            quiet_loading():
         return AutoModelForCausalLM.from_pretrained(str(path), attn_implementation=attn_implementation,
                                                     dtype=torch.float32, local_files_only=True)
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from mmvl.data.processors.vlm_processor import IMAGES, first_images
 from mmvl.errors import UserError
 
 
@@ -39,7 +40,9 @@ def first_rows(batch: Mapping[str, Any], n: int, size: int) -> dict[str, Any]:
         return dict(batch)
     out = {}
     for k, v in batch.items():
-        if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == size:
+        if k == IMAGES and isinstance(v, Mapping):  # a released VLM's image tensors: cut by their rows per sample
+            v = first_images(v, n)
+        elif isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == size:
             v = v[:n]
         elif isinstance(v, (list, tuple)) and len(v) == size:
             v = v[:n]

@@ -61,6 +61,9 @@ def test_items_label_every_assistant_turn_in_train_and_the_last_in_val(files, tm
     assert b.model_info()["eos_token_id"] == tok.convert_tokens_to_ids("<|im_end|>")
     batch = b.collate([train[0], train[3]])
     assert batch["image"].shape == (2, 3, 64, 64) and batch["sample_id"] == ["img-0", "text-3"]
+    # the shorter sample's padding is not a label (it was 0, a token the loss then taught the model to write)
+    pad = batch["attention_mask"].eq(0)
+    assert pad.any() and batch["targets"][pad].eq(IGNORE_INDEX).all()
 
 
 def test_a_text_only_sample_takes_no_image_tokens_in_a_mixed_batch():

@@ -1,0 +1,135 @@
+"""``hf_vlm``: a released VLM (LLaVA, Idefics3/SmolVLM, Qwen2-VL, PaliGemma, ...) from a local folder.
+
+transformers loads it through ``AutoModelForImageTextToText``; its samples come from the folder's
+own processor (the ``hf_processor`` text processor of the conversation datasets), which fills this
+section's null ``eos_token_id``, ``pad_token_id`` and ``processor``. ``forward`` hands the model
+the tokens, their mask, every per-token key its processor returns that the model's forward takes
+(``token_type_ids``, ``mm_token_type_ids``) and the batch's image tensors, and returns the logits as
+``scores`` for the ``answer_tokens`` loss. :meth:`generate` continues each prompt with the model's
+own ``generate`` and returns only the new tokens.
+
+Parts (``freeze``) have the same names on every architecture: ``vision``, ``connector`` and
+``language_model``, found in the loaded model by the names transformers 5 gives them (a connector
+inside the vision tower, as Qwen2-VL's merger, is not part of ``vision``).
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+from omegaconf import DictConfig
+
+from mmvl.data.processors.vlm_processor import IMAGES, ROWS, check_vlm_folder
+from mmvl.errors import UserError, library_input
+from mmvl.labels import IGNORE_INDEX
+from mmvl.models.base import BaseModel, under_prefix
+from mmvl.models.modules.vlm_parts import left_align, quiet_loading
+from mmvl.models.vlm import check_generation
+from mmvl.registry import register_model
+
+#: common part name -> the module names transformers 5 uses for it, in the order they are looked for
+PART_NAMES = {
+    "vision": ("model.vision_tower", "model.visual", "model.vision_model"),
+    "connector": ("model.multi_modal_projector", "model.connector", "model.visual.merger"),
+    "language_model": ("model.language_model", "model.text_model"),
+}
+
+
+def load_vlm(path: Any, attn_implementation: str) -> torch.nn.Module:
+    """The folder's model as ``AutoModelForImageTextToText`` loads it, in float32 (autocast makes the
+    half-precision compute); a folder of a text-only LM is refused, pointing to ``model: vlm``."""
+    where = "model_config.hf_vlm.path"
+    check_vlm_folder(path, where)
+    from transformers import AutoModelForImageTextToText
+
+    with library_input(f"{where}={str(path)!r} does not load", "give a folder written by save_pretrained."), \
+            quiet_loading():
+        return AutoModelForImageTextToText.from_pretrained(str(path), attn_implementation=attn_implementation,
+                                                           dtype=torch.float32, local_files_only=True)
+
+
+def find_parts(model: torch.nn.Module) -> dict[str, tuple[str, ...]]:
+    """``vision``/``connector``/``language_model`` -> module names in ``model`` (prefixed ``model.``,
+    the attribute :class:`HFVLM` keeps it under); a part not found is refused, listing what there is."""
+    names = {name for name, _ in model.named_modules()}
+    found = {}
+    for part, candidates in PART_NAMES.items():
+        hit = next((c for c in candidates if c in names), None)
+        if hit is None:
+            top = sorted({n.split(".")[0] for n in names if n} | {n for n in names if n.count(".") == 1})
+            raise UserError(f"hf_vlm: {type(model).__name__} has no {part} module under the names mmvl knows "
+                            f"({', '.join(candidates)}); its modules are {', '.join(top)}.")
+        found[part] = (f"model.{hit}",)
+    return found
+
+
+@register_model("hf_vlm")
+class HFVLM(BaseModel):
+    """``forward(batch) -> {"scores": B x L x vocab logits}``; ``generate(batch) -> B x new ids``."""
+
+    config_path = "models/hf_vlm.yaml"
+    #: the output head (``base`` is everything else); tied to the input embeddings it holds no parameters of its own
+    HEAD = ("model.lm_head",)
+
+    def __init__(self, config: DictConfig):
+        super().__init__(config)
+        if config.get("processor") is None:
+            raise UserError("model hf_vlm reads samples made by its folder's processor, and no dataset gave one; set "
+                            "dataset_config.<dataset>.processors.text_processor.type=hf_processor with params.path "
+                            "the model folder (projects/hf_vlm/configs/defaults.yaml does).")
+        self.generation = check_generation(config.generation)
+        self.model = load_vlm(config.path, str(config.attn_implementation))
+        self.PARTS = find_parts(self.model)
+        self.eos_token_id, self.pad_token_id = int(config.eos_token_id), int(config.pad_token_id)
+        taken = set(inspect.signature(self.model.forward).parameters)
+        #: the per-token batch keys the model's forward reads besides the tokens and their mask
+        self.token_keys = tuple(k for k in ("token_type_ids", "mm_token_type_ids") if k in taken)
+
+    def part_parameters(self) -> dict[str, list[str]]:
+        """The base's parts, with a connector that sits inside the vision tower left out of ``vision``."""
+        out = super().part_parameters()
+        if "vision" in out and "connector" in out:
+            out["vision"] = [n for n in out["vision"] if not under_prefix(n, self.PARTS["connector"])]
+        return out
+
+    def inputs(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """The model's keyword arguments from a batch (image tensors only where the batch has images)."""
+        kwargs = {"input_ids": batch["input_ids"], "attention_mask": batch.get("attention_mask")}
+        kwargs.update({k: batch[k] for k in self.token_keys if k in batch})
+        images = batch.get(IMAGES)
+        if isinstance(images, dict):
+            kwargs.update({k: v for k, v in images.items() if k != ROWS})
+        return kwargs
+
+    def forward(self, batch: dict[str, Any]) -> dict[str, Any]:
+        return {"scores": self.model(**self.inputs(batch), use_cache=False).logits}
+
+    @torch.no_grad()
+    def generate(self, batch: dict[str, Any], **overrides: Any) -> torch.Tensor:
+        """Continue each prompt (right-padded, as collated; a labelled batch is cut before its first
+        answer token) greedily or by beams; returns ``B x max_new_tokens`` new ids (pad after the end)."""
+        opts = {**self.generation, **overrides}
+        mask = batch.get("attention_mask")
+        if mask is None:
+            mask = torch.ones_like(batch["input_ids"])
+        targets = batch.get("targets")
+        if targets is not None:
+            labelled = targets.ne(IGNORE_INDEX)
+            first = torch.where(labelled.any(1), labelled.long().argmax(1), mask.long().sum(1))
+            mask = mask * (torch.arange(mask.size(1), device=mask.device) < first.unsqueeze(1)).to(mask.dtype)
+        kwargs = self.inputs(batch)
+        kwargs["input_ids"], kwargs["attention_mask"] = left_align(batch["input_ids"], mask, self.pad_token_id)
+        for key in self.token_keys:  # the same moves as the tokens'
+            if key in kwargs:
+                kwargs[key] = left_align(kwargs[key], mask, 0)[0]
+        width = int(opts["max_new_tokens"])
+        out = self.model.generate(**kwargs, do_sample=False, max_new_tokens=width, num_beams=int(opts["num_beams"]),
+                                  pad_token_id=self.pad_token_id, eos_token_id=self.eos_token_id)
+        new = out[:, kwargs["input_ids"].size(1):]
+        if new.size(1) < width:  # every row ended early: a fixed width, so ranks can gather
+            new = torch.cat([new, new.new_full((new.size(0), width - new.size(1)), self.pad_token_id)], 1)
+        return new[:, :width]
+
+    def enable_gradient_checkpointing(self) -> None:
+        self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

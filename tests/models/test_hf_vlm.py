@@ -1,0 +1,187 @@
+"""``model: hf_vlm`` on tiny random folders of real architectures (LLaVA, Idefics3, Qwen2-VL, PaliGemma),
+through their own processors and chat templates without ``{% generation %}`` marks, on a LLaVA JSON set
+with one-colour images, a two-image sample and a text-only one: the labels are exactly the assistant
+turns, no answer token sees a later one, a few updates lower the loss, the model generates, its parts
+are found under common names."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from mmvl.build import build_datasets, build_model, model_config
+from mmvl.config import load_config
+from mmvl.data.processors.vlm_processor import IMAGES, ROWS
+from mmvl.labels import IGNORE_INDEX
+from mmvl.losses import build_losses, compute_losses
+from tests.fixtures.released_vlms import ARCHITECTURES, write_llava_set
+
+ARCHS = sorted(ARCHITECTURES)
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    """``folders(arch) -> (model folder, data folder)``, each written once."""
+    root = tmp_path_factory.mktemp("hf_vlm")
+    data = write_llava_set(root / "data")
+    made: dict[str, Path] = {}
+
+    def get(arch: str) -> tuple[Path, Path]:
+        if arch not in made:
+            made[arch] = ARCHITECTURES[arch][0](root / arch)
+        return made[arch], data
+
+    return get
+
+
+def opts(model: Path, data: Path, save: Path, *extra: str) -> list[str]:
+    """A run of the shipped hf_vlm project config on the tiny set."""
+    return ["config=projects/hf_vlm/configs/defaults.yaml", f"model_config.hf_vlm.path={model}", "datasets=llava",
+            f"dataset_config.llava.annotations.train={data}/train.json",
+            f"dataset_config.llava.annotations.val={data}/val.json",
+            f"dataset_config.llava.annotations.test={data}/val.json", f"dataset_config.llava.image_folder={data}/images",
+            f"env.data_dir={data}", f"env.save_dir={save}", "model_config.hf_vlm.freeze=[]", *extra]
+
+
+def built(folders, arch: str, tmp_path: Path, *extra: str):
+    model_dir, data = folders(arch)
+    config = load_config(opts(model_dir, data, tmp_path / "save", *extra))
+    builders = build_datasets(config)
+    for builder in builders.values():
+        builder.prepare()
+    (builder,) = builders.values()
+    torch.manual_seed(0)
+    model = build_model(config, builders)
+    losses = build_losses(list(model_config(config, builders).get("losses")))
+    return builder, model, losses
+
+
+def tokens(builder, ids) -> list[str]:
+    return builder.text_processor.tok.convert_ids_to_tokens([int(i) for i in ids])
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_labels_are_each_assistant_turn_and_its_end_nothing_else(arch, folders, tmp_path):
+    builder, _, _ = built(folders, arch, tmp_path)
+    processor = builder.text_processor
+    end = tokens(builder, [processor.end_id])[0]
+    train, val = builder.build("train"), builder.build("val")
+    four = train[1]  # two exchanges: both answers labelled in training
+    labelled = [tokens(builder, [t])[0] for t in four["targets"].tolist() if t != IGNORE_INDEX]
+    assert labelled == ["red", end, "a", "big", "square", end] or labelled == ["blue", end, "a", "big", "square", end]
+    assert four["targets"].ne(IGNORE_INDEX).sum() == 6
+    image_positions = four["input_ids"].eq(processor.model_token_id)
+    assert image_positions.sum() > 1 and four["targets"][image_positions].eq(IGNORE_INDEX).all()
+    last = [tokens(builder, [t])[0] for t in val[1]["targets"].tolist() if t != IGNORE_INDEX]
+    assert last == ["a", "big", "square", end]  # evaluation labels (and scores) the last turn only
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_no_answer_token_sees_a_later_one(arch, folders, tmp_path):
+    """Changing the last answer token leaves the logits at every earlier position as they were (a prefix
+    LM such as PaliGemma needs token_type_ids 1 on the answer for that)."""
+    builder, model, _ = built(folders, arch, tmp_path)
+    model.eval()
+    batch = builder.collate([builder.build("train")[1]])
+    answer = batch["targets"][0].ne(IGNORE_INDEX).nonzero().flatten()
+    changed = dict(batch, input_ids=batch["input_ids"].clone())
+    at = int(answer[-2])  # the last answer word, before the end-of-turn token
+    changed["input_ids"][0, at] = builder.text_processor.tok.convert_tokens_to_ids("circle")
+    with torch.no_grad():
+        before, after = model(batch)["scores"], model(changed)["scores"]
+    assert torch.equal(before[0, :at], after[0, :at])
+    assert not torch.equal(before[0, at], after[0, at])
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_batch_with_two_images_a_sample_and_a_text_only_one_trains_and_generates(arch, folders, tmp_path):
+    builder, model, losses = built(folders, arch, tmp_path)
+    train = builder.build("train")
+    two = next(i for i in range(len(train)) if train.records.column("image")[i].count("\n") == 1)
+    text_only = next(i for i in range(len(train)) if not train.records.column("image")[i])
+    batch = builder.collate([train[0], train[two], train[text_only], train[1]])
+    images = batch[IMAGES]
+    if ROWS in images and images[ROWS]:  # per-image keys: the two-image sample holds twice the first's rows
+        rows = next(iter(images[ROWS].values()))
+        assert rows[1] == 2 * rows[0] and rows[2] == 0
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=3e-3)
+    model.train()
+    first = None
+    for _ in range(12):
+        optimizer.zero_grad()
+        loss = sum(compute_losses(losses, batch, model(batch)).values())
+        loss.backward()
+        optimizer.step()
+        first = float(loss) if first is None else first
+    assert float(loss) < 0.6 * first
+    model.eval()
+    new = model.generate(batch, max_new_tokens=5)
+    assert new.shape == (4, 5) and new.dtype == torch.long
+    texts = builder.generated_text(new)
+    assert len(texts) == 4 and all(isinstance(t, str) for t in texts)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_parts_have_common_names_and_a_connector_is_not_vision(arch, folders, tmp_path):
+    _, model, _ = built(folders, arch, tmp_path)
+    parts = model.part_parameters()
+    assert {"vision", "connector", "language_model", "base"} <= set(parts)
+    assert not set(parts["vision"]) & set(parts["connector"])
+    model.freeze(["vision", "language_model"])  # LLaVA's stage 1: only the connector trains
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable and trainable <= set(parts["connector"]) | {n for n in trainable if "lm_head" in n}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_length_checked_at_start_is_the_sample_s_own(arch, folders, tmp_path):
+    """What the start-of-run check counts from the text and each image's size alone (no pixels) is
+    what the processor makes of the sample: tiles and dynamic resolution included."""
+    import json
+
+    builder, _, _ = built(folders, arch, tmp_path)
+    processor, train = builder.text_processor, builder.build("train")
+    folder = Path(str(builder.image_folder))
+    from PIL import Image
+
+    for i in range(len(train)):
+        paths = [p for p in train.records.column("image")[i].split("\n") if p]
+        sizes = [Image.open(folder / p).size for p in paths]
+        turns = json.loads(train.records.column("turns")[i])
+        total, image_end = processor.planned_length(turns, sizes, "all")
+        ids = train[i]["input_ids"]
+        assert total == len(ids)
+        if paths:  # the end of the last image's expansion (wrapper tokens after its image tokens included)
+            assert int(ids.eq(processor.model_token_id).nonzero().max()) + 1 <= image_end <= total
+
+
+def test_a_dataset_without_the_model_s_processor_is_refused(folders, tmp_path, capsys):
+    from mmvl_cli.run import main
+
+    model_dir, data = folders("llava")
+    code = main(["model=hf_vlm", "datasets=llava", f"model_config.hf_vlm.path={model_dir}",
+                 f"dataset_config.llava.annotations.train={data}/train.json",
+                 f"dataset_config.llava.annotations.val={data}/val.json", f"dataset_config.llava.image_folder={data}/images",
+                 "dataset_config.llava.processors.text_processor.params.image_tokens=16", f"env.save_dir={tmp_path}",
+                 "training.num_workers=0"])
+    assert code == 2
+    assert "model hf_vlm reads samples made by its folder's processor" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("arch", ["llava", "qwen2_vl", "idefics3"])
+def test_a_batch_cut_to_its_first_samples_cuts_their_images_and_generates_the_same(arch, folders, tmp_path):
+    """Evaluation decodes only the first rows of a batch (generate_max_samples): the image tensors are
+    cut with them, and those rows generate what they generate alone."""
+    from mmvl.trainers.evaluation.rows import first_rows
+
+    builder, model, _ = built(folders, arch, tmp_path)
+    model.eval()
+    train = builder.build("train")
+    two = next(i for i in range(len(train)) if train.records.column("image")[i].count("\n") == 1)
+    batch = builder.collate([train[two], train[0], train[1]])
+    cut = first_rows(batch, 2, 3)
+    alone = builder.collate([train[two], train[0]])
+    for key, value in alone[IMAGES].items():
+        if key != ROWS:
+            assert torch.equal(cut[IMAGES][key], value), key
+    assert torch.equal(model.generate(cut, max_new_tokens=3), model.generate(alone, max_new_tokens=3))
