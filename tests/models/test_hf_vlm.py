@@ -185,3 +185,47 @@ def test_a_batch_cut_to_its_first_samples_cuts_their_images_and_generates_the_sa
         if key != ROWS:
             assert torch.equal(cut[IMAGES][key], value), key
     assert torch.equal(model.generate(cut, max_new_tokens=3), model.generate(alone, max_new_tokens=3))
+
+
+@pytest.mark.parametrize("arch", ["llava", "qwen2_vl"])
+def test_the_project_config_trains_on_the_cauldron_s_layout_scores_val_and_predicts(arch, folders, tmp_path):
+    """datasets=hf_dataset (images list, texts of user/assistant pairs, two images in some rows, text-only
+    rows) with only the model folder and the data given."""
+    import json
+
+    from mmvl_cli.predict import main as predict
+    from mmvl_cli.run import main as run
+    from tests.fixtures.hf_files import write_cauldron
+
+    model_dir, _ = folders(arch)
+    disk = write_cauldron(tmp_path / "hf", train=16, test=6, several=True)["disk"]
+    common = ["config=projects/hf_vlm/configs/defaults.yaml", f"model_config.hf_vlm.path={model_dir}",
+              "datasets=hf_dataset", f"dataset_config.hf_dataset.path={disk}", "dataset_config.hf_dataset.splits.val=test",
+              f"env.save_dir={tmp_path / 'save'}", "training.num_workers=0", "training.batch_size=4"]
+    assert run([*common, "training.max_updates=4", "training.evaluation_interval=4", "run_type=train_val"]) == 0
+    rows = [json.loads(line) for line in (tmp_path / "save" / "metrics.jsonl").read_text().splitlines()]
+    val = [r for r in rows if r.get("split") == "val"]
+    assert val and "generated_vqa_accuracy" in val[-1] and "answer_tokens" in val[-1]
+    assert predict(common) == 0
+    rows = json.loads((tmp_path / "save" / "predictions" / "hf_dataset_test.json").read_text())
+    assert len(rows) == 6 and all(set(r) == {"id", "answer", "reference"} for r in rows)
+
+
+@pytest.mark.parametrize("arch", ["llava", "idefics3", "qwen2_vl"])
+def test_the_project_config_trains_on_llava_json_scores_val_and_predicts(arch, folders, tmp_path):
+    """The issue's command: only the model folder and the data paths given (LLaVA JSON with a two-image
+    and a text-only sample), a generation metric on val, then mmvl_predict."""
+    import json
+
+    from mmvl_cli.predict import main as predict
+    from mmvl_cli.run import main as run
+
+    model_dir, data = folders(arch)
+    common = [o for o in opts(model_dir, data, tmp_path / "save") if o != "model_config.hf_vlm.freeze=[]"]
+    common.append("training.num_workers=0")
+    assert run([*common, "training.max_updates=6", "training.evaluation_interval=6", "run_type=train_val"]) == 0
+    rows = [json.loads(line) for line in (tmp_path / "save" / "metrics.jsonl").read_text().splitlines()]
+    assert any(r.get("split") == "val" and "generated_vqa_accuracy" in r for r in rows)
+    assert predict(common) == 0
+    written = json.loads((tmp_path / "save" / "predictions" / "llava_test.json").read_text())
+    assert [r["id"] for r in written] == [f"val{i}" for i in range(6)]
