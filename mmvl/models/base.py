@@ -37,6 +37,9 @@ class BaseModel(torch.nn.Module):
     PARTS: ClassVar[dict[str, tuple[str, ...]]] = {}
     #: the sub-modules that score; ``base`` freezes everything else
     HEAD: ClassVar[tuple[str, ...]] = ()
+    #: whether an update may leave some trainable parameters without a gradient (DDP must then look
+    #: for them: ``distributed.find_unused_parameters``)
+    leaves_parameters_unused: ClassVar[bool] = False
 
     def __init__(self, config: DictConfig):
         super().__init__()

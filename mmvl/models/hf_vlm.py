@@ -64,6 +64,11 @@ def find_parts(model: torch.nn.Module) -> dict[str, tuple[str, ...]]:
     return found
 
 
+#: forward arguments mmvl sets itself (or never): the tokens, their mask, labels (mmvl's loss reads ``targets``), caches
+_NOT_FROM_BATCH = ("input_ids", "attention_mask", "labels", "inputs_embeds", "past_key_values", "use_cache",
+                   "cache_position", "logits_to_keep", "pixel_values")
+
+
 @register_model("hf_vlm")
 class HFVLM(BaseModel):
     """``forward(batch) -> {"scores": B x L x vocab logits}``; ``generate(batch) -> B x new ids``."""
@@ -71,6 +76,9 @@ class HFVLM(BaseModel):
     config_path = "models/hf_vlm.yaml"
     #: the output head (``base`` is everything else); tied to the input embeddings it holds no parameters of its own
     HEAD = ("model.lm_head",)
+    #: LLaVA-style models read an inner layer of their vision tower (the layers after it, its final norm,
+    #: get no gradient), and a batch without images leaves the whole tower out
+    leaves_parameters_unused = True
 
     def __init__(self, config: DictConfig):
         super().__init__(config)
@@ -82,9 +90,11 @@ class HFVLM(BaseModel):
         self.model = load_vlm(config.path, str(config.attn_implementation))
         self.PARTS = find_parts(self.model)
         self.eos_token_id, self.pad_token_id = int(config.eos_token_id), int(config.pad_token_id)
-        taken = set(inspect.signature(self.model.forward).parameters)
-        #: the per-token batch keys the model's forward reads besides the tokens and their mask
-        self.token_keys = tuple(k for k in ("token_type_ids", "mm_token_type_ids") if k in taken)
+        taken = inspect.signature(self.model.forward).parameters
+        #: the batch keys the model's forward takes besides the tokens, their mask and the image tensors: the
+        #: processor's per-token keys (token_type_ids, mm_token_type_ids, ...); mmvl's own labels never go in
+        self.token_keys = tuple(k for k, p in taken.items() if p.kind is p.POSITIONAL_OR_KEYWORD
+                                and k not in _NOT_FROM_BATCH)
 
     def part_parameters(self) -> dict[str, list[str]]:
         """The base's parts, with a connector that sits inside the vision tower left out of ``vision``."""
@@ -96,7 +106,7 @@ class HFVLM(BaseModel):
     def inputs(self, batch: dict[str, Any]) -> dict[str, Any]:
         """The model's keyword arguments from a batch (image tensors only where the batch has images)."""
         kwargs = {"input_ids": batch["input_ids"], "attention_mask": batch.get("attention_mask")}
-        kwargs.update({k: batch[k] for k in self.token_keys if k in batch})
+        kwargs.update({k: batch[k] for k in self.token_keys if isinstance(batch.get(k), torch.Tensor)})
         images = batch.get(IMAGES)
         if isinstance(images, dict):
             kwargs.update({k: v for k, v in images.items() if k != ROWS})
@@ -120,8 +130,8 @@ class HFVLM(BaseModel):
             mask = mask * (torch.arange(mask.size(1), device=mask.device) < first.unsqueeze(1)).to(mask.dtype)
         kwargs = self.inputs(batch)
         kwargs["input_ids"], kwargs["attention_mask"] = left_align(batch["input_ids"], mask, self.pad_token_id)
-        for key in self.token_keys:  # the same moves as the tokens'
-            if key in kwargs:
+        for key in self.token_keys:  # per-token keys make the same moves as the tokens
+            if key in kwargs and kwargs[key].shape == batch["input_ids"].shape:
                 kwargs[key] = left_align(kwargs[key], mask, 0)[0]
         width = int(opts["max_new_tokens"])
         out = self.model.generate(**kwargs, do_sample=False, max_new_tokens=width, num_beams=int(opts["num_beams"]),

@@ -80,10 +80,14 @@ class VLM(BaseModel):
             return AutoModelForCausalLM.from_config(lm_config)
 
     def image_tokens(self, pixels: torch.Tensor) -> torch.Tensor:
-        """Pixels -> ``B x tokens x hidden`` projected image tokens (``summary_token``: the grid's mean
-        first). Their number must be the placeholders' (``image_tokens``): ``splice_image_tokens``
-        would otherwise drop or repeat tokens without a word, so it is checked here, on shapes only
-        (no wait on the device)."""
+        """Pixels (``B x C x H x W``, or ``B x images x C x H x W`` for several a sample) -> ``B x tokens
+        x hidden`` projected image tokens, each image's in turn (``summary_token``: the grid's mean
+        first). Their number per image must be the placeholders' (``image_tokens``):
+        ``splice_image_tokens`` would otherwise drop or repeat tokens without a word, so it is
+        checked here, on shapes only (no wait on the device)."""
+        if pixels.dim() == 5:  # several images a sample: encoded together, their tokens one after another
+            tokens = self.image_tokens(pixels.flatten(0, 1))
+            return tokens.reshape(pixels.size(0), pixels.size(1) * tokens.size(1), tokens.size(2))
         tokens = grid_tokens(self.image_encoder(pixels), self.shuffle)
         if self.summary_token:
             tokens = torch.cat([tokens.mean(1, keepdim=True), tokens], 1)

@@ -229,3 +229,32 @@ def test_the_project_config_trains_on_llava_json_scores_val_and_predicts(arch, f
     assert predict(common) == 0
     written = json.loads((tmp_path / "save" / "predictions" / "llava_test.json").read_text())
     assert [r["id"] for r in written] == [f"val{i}" for i in range(6)]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_run_stopped_mid_epoch_resumes_bitwise(arch, folders, tmp_path):
+    """6 updates of 4 samples over 25 (a two-image and a text-only sample among them); stopped at 3 and
+    resumed, the weights and the optimizer state end where the uninterrupted run's end."""
+    from mmvl.io import safe_load
+    from mmvl.trainers import Trainer
+    from tests.fixtures.toy import register
+
+    register()
+    model_dir, data = folders(arch)
+    common = ["run_type=train", "training.batch_size=4", "training.max_updates=6", "training.checkpoint_interval=3",
+              "training.evaluation_interval=0", "training.num_workers=0", "training.progress_bar=false",
+              "training.tensorboard=false", "training.curves=false", "optimizer.params.lr=1e-3"]
+    Trainer(load_config(opts(model_dir, data, tmp_path / "full", *common))).fit()
+    stop = "training.callbacks=[{type: stop_at, params: {update: 3}}]"
+    Trainer(load_config(opts(model_dir, data, tmp_path / "part", *common, stop))).fit()
+    Trainer(load_config(opts(model_dir, data, tmp_path / "part", *common, "checkpoint.resume=true"))).fit()
+    full = safe_load(str(tmp_path / "full" / "checkpoints" / "last.ckpt"))
+    resumed = safe_load(str(tmp_path / "part" / "checkpoints" / "last.ckpt"))
+    first = safe_load(str(tmp_path / "part" / "checkpoints" / "model_3.ckpt"))
+    assert resumed["trainer"]["update"] == 6
+    assert any(not torch.equal(first["model"][k], v) for k, v in full["model"].items())  # updates 4-6 moved it
+    for key, value in full["model"].items():
+        assert torch.equal(resumed["model"][key], value), key
+    for pid, state in full["optimizer"]["state"].items():
+        for key, value in state.items():
+            assert torch.equal(resumed["optimizer"]["state"][pid][key], value), (pid, key)

@@ -6,6 +6,8 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any, Sequence
 
+import torch
+
 from mmvl.data.processors.vlm_processor import IMAGES
 from mmvl.errors import UserError
 from mmvl.labels import IGNORE_INDEX
@@ -30,11 +32,14 @@ def visual_sample(text_processor: Any, image_processor: Any, images: Sequence[An
         if turns is not None:
             return text_processor.conversation(turns, list(images), label, where)
         return text_processor(prompt, answer, images=list(images))
-    if len(images) > 1:
-        raise UserError(f"{where}: {len(images)} images; the prompt_answer text processor lays out one image a sample.")
-    out = (text_processor.conversation(turns, bool(images), label, where) if turns is not None
+    if len(images) > 1 and turns is None:
+        raise UserError(f"{where}: {len(images)} images for one prompt; give a conversation with one <image> each.")
+    out = (text_processor.conversation(turns, len(images), label, where) if turns is not None
            else text_processor(prompt, answer))
-    out["image"] = image_processor(images[0]) if images else blank
+    if len(images) > 1:  # images x C x H x W: the model places them at the placeholders in order
+        out["image"] = torch.stack([image_processor(image) for image in images])
+    else:
+        out["image"] = image_processor(images[0]) if images else blank
     return out
 
 
@@ -62,6 +67,10 @@ class GeneratesText:
         images = [item.get(IMAGES) for item in items]
         if takes_images(processor):
             items = [{k: v for k, v in item.items() if k != IMAGES} for item in items]
+        pixels = [item.get("image") for item in items]
+        if any(isinstance(p, torch.Tensor) and p.dim() == 4 for p in pixels):  # several images in a sample
+            items = [dict(item, image=p.unsqueeze(0)) if isinstance(p, torch.Tensor) and p.dim() == 3 else item
+                     for item, p in zip(items, pixels)]
         batch = super().collate(items)  # type: ignore[misc]  # the builder this is mixed into
         pad = processor.model_info()["pad_token_id"]
         batch["input_ids"] = batch["input_ids"].masked_fill(batch["attention_mask"].eq(0), pad)

@@ -58,12 +58,13 @@ def check_turns(turns: Sequence[dict[str, str]], images: int | bool, image_token
 
 
 def image_first(turns: Sequence[dict[str, str]], image_token: str) -> list[dict[str, str]]:
-    """The turns with the image placeholder moved to the start of the turn that holds it."""
+    """The turns with their image placeholders moved to the start of the turn that holds them (in
+    their order: one for each image)."""
     out = []
     for turn in turns:
         content = str(turn["content"])
         if image_token in content:
-            content = f"{image_token}\n" + content.replace(image_token, "").strip()
+            content = f"{image_token}\n" * content.count(image_token) + content.replace(image_token, "").strip()
         out.append({"role": turn["role"], "content": content})
     return out
 

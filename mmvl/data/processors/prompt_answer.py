@@ -128,25 +128,25 @@ class PromptAnswerProcessor:
         template's end-of-turn token, else the tokenizer's eos."""
         return self.chat.end_id if self.chat is not None else int(self.tokenizer.eos_token_id)
 
-    def length(self, texts: Iterable[str], has_image: bool) -> int:
+    def length(self, texts: Iterable[str], has_image: bool | int) -> int:
         """About how many tokens a sample of these prompt and answer ``texts`` takes: its words, one
         end token a text, the image tokens, held to ``max_length``. What ``training.group_by_length``
         sorts by (only the order of lengths matters there, so no tokenizer runs)."""
         words = sum(len(str(text).split()) + 1 for text in texts)
-        return min(self.max_length, words + self.image_tokens * bool(has_image) + 1)
+        return min(self.max_length, words + self.image_tokens * int(has_image) + 1)
 
     def decode(self, ids: list[int]) -> str:
         """Generated ids -> text (stopping at the end token)."""
         ids = list(ids)
         return self.tokenizer.decode(ids[: ids.index(self.end_id)] if self.end_id in ids else ids)
 
-    def conversation(self, turns: list[dict[str, str]], has_image: bool, label: str = "all",
+    def conversation(self, turns: list[dict[str, str]], has_image: bool | int, label: str = "all",
                      where: str = "prompt_answer") -> dict[str, torch.Tensor]:
         """``turns`` (``{"role": "user" | "assistant", "content"}``, user first, alternating, ending with
-        the assistant; one ``<image>`` in a turn exactly when ``has_image``) as ``input_ids``,
-        ``attention_mask`` and ``targets``: every assistant turn labelled (``label: all``, training) or
-        only the last (``label: last``: what evaluation generates and scores). ``where`` names the
-        sample in errors."""
+        the assistant; one ``<image>`` in the user turns per image: ``has_image`` is how many, a bool
+        one or none) as ``input_ids``, ``attention_mask`` and ``targets``: every assistant turn labelled
+        (``label: all``, training) or only the last (``label: last``: what evaluation generates and
+        scores). ``where`` names the sample in errors."""
         placeholder = self.image_token
         check_turns(turns, has_image, placeholder, where)
         turns = image_first(turns, placeholder)
@@ -159,11 +159,12 @@ class PromptAnswerProcessor:
             ids, mask = self._plain(turns, labelled, has_image, placeholder)
         return self._sample(ids, mask, where)
 
-    def _plain(self, turns: list[dict[str, str]], labelled: list[bool], has_image: bool,
+    def _plain(self, turns: list[dict[str, str]], labelled: list[bool], has_image: bool | int,
                placeholder: str) -> tuple[list[int], list[bool]]:
         """``[bos] <image> x N  user  assistant [eos] ...``: the single-turn layout, turn after turn."""
         t = self.tokenizer
-        ids = ([t.bos_token_id] if t.bos_token_id is not None else []) + [t.image_id] * (self.image_tokens * has_image)
+        head = [t.bos_token_id] if t.bos_token_id is not None else []
+        ids = head + [t.image_id] * (self.image_tokens * int(has_image))
         mask = [False] * len(ids)
         for turn, label in zip(turns, labelled):
             piece = t.encode(str(turn["content"]).replace(placeholder, "").strip())
@@ -173,18 +174,18 @@ class PromptAnswerProcessor:
             mask += [label] * len(piece)
         return ids, mask
 
-    def _expand_image(self, ids: list[int], mask: list[bool], has_image: bool, where: str) -> tuple[list[int], list[bool]]:
-        """The rendered placeholder -> ``image_tokens`` of them."""
+    def _expand_image(self, ids: list[int], mask: list[bool], has_image: bool | int,
+                      where: str) -> tuple[list[int], list[bool]]:
+        """Each rendered placeholder -> ``image_tokens`` of them."""
         image = self.tokenizer.image_id
         found = [i for i, v in enumerate(ids) if v == image]
         if len(found) != int(has_image):
             raise UserError(f"{where}: the chat template's rendering holds {len(found)} image placeholders, "
                             f"expected {int(has_image)}; the template must keep message text as given.")
-        if not found:
-            return ids, mask
-        at = found[0]
-        return (ids[:at] + [image] * self.image_tokens + ids[at + 1:],
-                mask[:at] + [False] * self.image_tokens + mask[at + 1:])
+        for at in reversed(found):
+            ids = ids[:at] + [image] * self.image_tokens + ids[at + 1:]
+            mask = mask[:at] + [False] * self.image_tokens + mask[at + 1:]
+        return ids, mask
 
     def _sample(self, ids: list[int], mask: list[bool], where: str) -> dict[str, torch.Tensor]:
         """The sample's tensors, held to ``max_length`` by ``on_too_long`` (the end is cut; the image

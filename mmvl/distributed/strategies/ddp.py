@@ -9,6 +9,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from mmvl.distributed.strategies.base import Strategy
+from mmvl.errors import UserError
 from mmvl.registry import register_strategy
 
 
@@ -31,6 +32,15 @@ def ddp_options(distributed: Any) -> dict:
 
 
 def wrap_ddp(model: torch.nn.Module, distributed: Any, env) -> DistributedDataParallel:
+    """``model`` under DDP. A model that leaves some parameters without a gradient in an update (a
+    released VLM: vision layers after the one it reads, a batch without images) needs DDP to look
+    for them: without ``find_unused_parameters`` DDP would wait for their gradients and fail at the
+    next update with a message that does not say which setting fixes it, so it is refused here."""
+    if getattr(model, "leaves_parameters_unused", False) and not distributed.find_unused_parameters:
+        name = getattr(model, "model_name", type(model).__name__)
+        raise UserError(f"model {name} leaves some parameters without a gradient in an update (vision layers it does "
+                        "not read, a batch without images), which DDP must look for; set "
+                        "distributed.find_unused_parameters=true (projects/hf_vlm/configs/defaults.yaml does).")
     # the GPU init_distributed chose, which is not the local rank under SLURM --gpus-per-task
     device_ids = [env.device.index] if env.device.type == "cuda" else None
     return DistributedDataParallel(model, device_ids=device_ids, **ddp_options(distributed))

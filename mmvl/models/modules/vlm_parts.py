@@ -81,9 +81,9 @@ def splice_image_tokens(embeds: torch.Tensor, input_ids: torch.Tensor, image: to
                         token_id: int) -> torch.Tensor:
     """``embeds`` with its rows at ``input_ids == token_id`` replaced by ``image``'s tokens: sample
     ``b``'s k-th placeholder takes ``image[b, k]``. A sample without placeholders (text-only) takes
-    none of its image's tokens, so a batch may mix both; each sample with an image holds exactly
-    ``image.shape[1]`` placeholders (the processor writes them). No host sync: the k of every
-    position is a running count."""
+    none of its image's tokens, and one with fewer than ``image.shape[1]`` (one image where another
+    sample of the batch has two) only the first, so a batch may mix them (the processor writes the
+    placeholders). No host sync: the k of every position is a running count."""
     where = input_ids.eq(token_id)
     k = (where.cumsum(1) - 1).clamp(min=0, max=image.size(1) - 1)
     picked = image.to(embeds.dtype).gather(1, k.unsqueeze(-1).expand(-1, -1, image.size(-1)))

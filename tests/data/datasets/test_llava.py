@@ -26,9 +26,9 @@ def files(tmp_path_factory):
     return write_llava(tmp_path_factory.mktemp("llava") / "data")
 
 
-def builder(files, tmp_path):
+def builder(files, tmp_path, train=None):
     cfg = OmegaConf.load(ROOT / "configs" / "datasets" / "llava.yaml").dataset_config.llava
-    cfg = OmegaConf.merge(cfg, {"annotations": {"train": str(files["train"]), "val": str(files["val"])},
+    cfg = OmegaConf.merge(cfg, {"annotations": {"train": str(train or files["train"]), "val": str(files["val"])},
                                 "image_folder": str(files["images"]),
                                 "processors": {"text_processor": {"params": {"tokenizer_path": str(files["tok"])}}}})
     b = registry.DATASETS.get("llava")(cfg, str(tmp_path))
@@ -136,3 +136,45 @@ def test_verify_images_must_be_a_bool(files, tmp_path, capsys):
     assert run(_run_keys(files, tmp_path, files["images"], "dataset_config.llava.verify_images=often")) == 2
     err = capsys.readouterr().err
     assert "verify_images" in err and "true or false" in err, err
+
+
+def _two_image_file(files, tmp_path: Path) -> Path:
+    """The training file with every third record showing a second image (and a second placeholder)."""
+    rows = json.loads(Path(files["train"]).read_text())
+    for k, row in enumerate(rows):
+        if "image" in row and k % 3 == 0:
+            row["image"] = [row["image"], rows[1]["image"]]
+            row["conversations"][0]["value"] = "<image> <image>\nwhat color is the first"
+    path = tmp_path / "two_images.json"
+    path.write_text(json.dumps(rows))
+    return path
+
+
+def test_a_two_image_sample_places_each_image_at_its_placeholders_and_trains_the_vlm(files, tmp_path):
+    """model: vlm with several images a sample: the sample's pixels are images x C x H x W, its
+    placeholders one image_tokens group per image, and image k's tokens land at group k."""
+    from mmvl.models.modules.vlm_parts import splice_image_tokens
+
+    b = builder(files, tmp_path, train=_two_image_file(files, tmp_path))
+    train = b.build("train")
+    two = train[0]
+    image = b.text_processor.tokenizer.image_id
+    assert two["image"].shape == (2, 3, 64, 64) and two["input_ids"].eq(image).sum() == 2 * 16
+    batch = b.collate([train[0], train[1], train[3]])  # two images, one image, text-only
+    assert batch["image"].shape == (3, 2, 3, 64, 64)
+    tokens = torch.arange(3 * 32 * 2, dtype=torch.float).reshape(3, 32, 2)  # stand-ins for 2 images x 16 tokens
+    out = splice_image_tokens(torch.zeros(3, batch["input_ids"].size(1), 2), batch["input_ids"], tokens, image)
+    placed = batch["input_ids"][0].eq(image)
+    assert torch.equal(out[0][placed], tokens[0])  # image 0's 16 tokens, then image 1's, in placeholder order
+    assert torch.equal(out[1][batch["input_ids"][1].eq(image)], tokens[1, :16])
+    keys = [f"config={STAGE1}", "datasets=llava", f"dataset_config.llava.annotations.train={tmp_path / 'two_images.json'}",
+            f"dataset_config.llava.annotations.val={files['val']}", f"dataset_config.llava.image_folder={files['images']}",
+            f"dataset_config.llava.processors.text_processor.params.tokenizer_path={files['tok']}",
+            "model_config.vlm.freeze=[]", "training.early_stop.criteria=total_loss", "run_type=train",
+            f"env.save_dir={tmp_path / 'save'}", f"env.data_dir={tmp_path / 'data'}", "training.progress_bar=false",
+            "training.tensorboard=false", "training.curves=false", "training.max_updates=6",
+            "training.log_interval=1", "training.num_workers=0"]
+    assert run(keys) == 0
+    rows = [json.loads(line) for line in (tmp_path / "save" / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["answer_tokens"] for r in rows if r.get("split") == "train"]
+    assert len(losses) == 6 and losses[-1] < losses[0]
