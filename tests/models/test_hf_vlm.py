@@ -258,3 +258,19 @@ def test_a_run_stopped_mid_epoch_resumes_bitwise(arch, folders, tmp_path):
     for pid, state in full["optimizer"]["state"].items():
         for key, value in state.items():
             assert torch.equal(resumed["optimizer"]["state"][pid][key], value), (pid, key)
+
+
+def test_a_cauldron_row_whose_image_tokens_would_be_cut_is_refused_before_the_first_update(folders, tmp_path, capsys):
+    from mmvl_cli.run import main as run
+    from tests.fixtures.hf_files import write_cauldron
+
+    model_dir, _ = folders("llava")
+    disk = write_cauldron(tmp_path / "hf", train=8, test=4, several=True)["disk"]
+    code = run(["config=projects/hf_vlm/configs/defaults.yaml", f"model_config.hf_vlm.path={model_dir}",
+                "datasets=hf_dataset", f"dataset_config.hf_dataset.path={disk}", "dataset_config.hf_dataset.splits.val=test",
+                "dataset_config.hf_dataset.processors.text_processor.params.max_length=30",
+                f"env.save_dir={tmp_path / 'save'}", "training.num_workers=0", "training.max_updates=2"])
+    err = capsys.readouterr().err
+    assert code == 2  # row 6 shows two images: 2 + 2 x 16 tokens; the one-image rows end at token 18
+    assert "hf_dataset train row 6: its image tokens end at token 34, after max_length=30" in err
+    assert not (tmp_path / "save" / "metrics.jsonl").exists()

@@ -36,7 +36,7 @@ from torch.utils.data import Dataset
 from mmvl.data.datasets._common import FileDatasetBuilder, data_path
 from mmvl.data.datasets.image_files import verify_images, verify_requested
 from mmvl.data.datasets.hf_access import GENERATED, READ, TASKS, arrow_row, image_cell, open_split, source_files
-from mmvl.data.datasets.text_generation import ANSWER_PROCESSORS, GeneratesText, visual_sample
+from mmvl.data.datasets.text_generation import ANSWER_PROCESSORS, GeneratesText, takes_images, visual_sample
 from mmvl.data.processors import answers as _answers  # noqa: F401  (registers vqa_answer)
 from mmvl.data.processors import image as _image  # noqa: F401  (registers torchvision_transforms)
 from mmvl.data.processors import prompt_answer as _prompt_answer  # noqa: F401  (registers prompt_answer)
@@ -46,17 +46,16 @@ from mmvl.labels import IGNORE_INDEX
 from mmvl.registry import register_dataset
 
 
-def decode_cell(cell: Any, folder: Path, where: str) -> Any:
-    """An image cell (``{"bytes", "path"}``, bytes, or a path) -> an RGB PIL image."""
+def decode_cell(cell: Any, folder: Path, where: str, header: bool = False) -> Any:
+    """An image cell (``{"bytes", "path"}``, bytes, or a path) -> an RGB PIL image; ``header``: its
+    ``(width, height)`` alone, read from the header without decoding the pixels."""
     from PIL import Image
 
     data, path = image_cell(cell)
     try:
-        if data is not None:
-            with Image.open(io.BytesIO(data)) as img:
-                img.load()
-                return img.convert("RGB")
-        with Image.open(folder / path) as img:
+        with Image.open(io.BytesIO(data) if data is not None else folder / path) as img:
+            if header:
+                return tuple(img.size)
             img.load()
             return img.convert("RGB")
     except (OSError, ValueError) as e:
@@ -118,11 +117,7 @@ class HFRows(Dataset):
         pixels = functools.partial(visual_sample, b.text_processor, b.image_processor, images, where=where,
                                    blank=b.blank) if b.generative else None
         if self.task == "conversation":
-            turns = []
-            for k, (user, answer) in enumerate(conversation_pairs(row[self.columns["texts"]], self.columns["texts"],
-                                                                  where)):
-                head = "<image>" * len(images) + "\n" if k == 0 and images else ""
-                turns += [{"role": "user", "content": head + user}, {"role": "assistant", "content": answer}]
+            turns = self.turns(row, len(images), where)
             item.update(pixels(turns=turns, label=self.label))
             item["answer"] = turns[-1]["content"] if turns else ""
             return item
@@ -149,6 +144,31 @@ class HFRows(Dataset):
                 item["targets"] = b.answer_processor.index.get(normalize_answer(answers[0]), IGNORE_INDEX)
         item["image"] = b.blank if image is None else b.image_processor(image)
         return item
+
+    def turns(self, row: dict[str, Any], images: int, where: str) -> list[dict[str, str]]:
+        """A conversation row's turns, one ``<image>`` per image ahead of its first user turn."""
+        turns = []
+        for k, (user, answer) in enumerate(conversation_pairs(row[self.columns["texts"]], self.columns["texts"], where)):
+            head = "<image>" * images + "\n" if k == 0 and images else ""
+            turns += [{"role": "user", "content": head + user}, {"role": "assistant", "content": answer}]
+        return turns
+
+    def check_fits(self, index: int) -> None:
+        """Refuse row ``index`` at start if its image tokens would not fit (a processor that makes the
+        pixels: their count follows each image's size, read from its header)."""
+        b, row = self.builder, arrow_row(self.rows, index)
+        where = f"{b.name} {self.split} row {index}"
+        cells = image_cells(row[self.columns["images"]]) if self.task == "conversation" else [row[self.columns["image"]]]
+        sizes = [decode_cell(cell, b.image_folder, where, header=True) for cell in cells]
+        if self.task == "conversation":
+            turns = self.turns(row, len(sizes), where)
+        else:
+            prompt = b.caption_prompt if self.task == "caption" else self._text(row, "question", where)
+            key = "caption" if self.task == "caption" else "answer"
+            cell = row[self.columns[key]]
+            answer = self._checked(cell[0] if isinstance(cell, (list, tuple)) and cell else cell, key, where)
+            turns = b.text_processor.prompt_turns(prompt, answer, len(sizes))
+        b.text_processor.check_fits(turns, sizes, self.label, where)
 
     def _text(self, row: dict[str, Any], key: str, where: str) -> str:
         """The text cell of the task's ``key`` in ``row`` (see :meth:`_checked`)."""
@@ -258,7 +278,11 @@ class HFDatasetBuilder(GeneratesText, FileDatasetBuilder):
         if self.task == "vqa" and not self.generative:
             self.answer_processor  # noqa: B018
         if len(data):
-            self.build(split)[0]
+            rows = self.build(split)
+            rows[0]
+            if takes_images(self.text_processor):  # every row's image tokens fit, checked before any update
+                for index in range(len(rows)):
+                    rows.check_fits(index)
         if verify_requested(self.cfg, self.name):
             verify_images(self._image_decoders(self.records(split)), f"{self.name} {split}")
 

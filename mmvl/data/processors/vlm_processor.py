@@ -168,11 +168,16 @@ class VLMProcessor:
     def __call__(self, prompt: str, answer: str | None = None, images: Sequence[Any] = ()) -> dict[str, Any]:
         """One question (its images ahead of it) and its answer; ``answer=None``: the prompt alone,
         up to the generation prompt."""
-        user = {"role": "user", "content": self.image_token * len(images) + f"\n{prompt}"}
+        turns = self.prompt_turns(prompt, answer, len(images))
         if answer is None:
-            ids, mask = self.chat.tokens([user], [False], generation_prompt=True)
-            return self._sample(ids, mask, images, "hf_processor")
-        return self.conversation([user, {"role": "assistant", "content": answer}], images)
+            ids, mask = self.chat.tokens(turns, [False], generation_prompt=True)
+            return self._sample(ids, mask, list(images), "hf_processor")
+        return self.conversation(turns, images)
+
+    def prompt_turns(self, prompt: str, answer: str | None, images: int) -> list[dict[str, str]]:
+        """A question (its images' placeholders ahead of it) and its answer as turns."""
+        turns = [{"role": "user", "content": self.image_token * images + f"\n{prompt}"}]
+        return turns if answer is None else turns + [{"role": "assistant", "content": answer}]
 
     def conversation(self, turns: list[dict[str, str]], images: Sequence[Any], label: str = "all",
                      where: str = "hf_processor") -> dict[str, Any]:
