@@ -274,3 +274,31 @@ def test_a_cauldron_row_whose_image_tokens_would_be_cut_is_refused_before_the_fi
     assert code == 2  # row 6 shows two images: 2 + 2 x 16 tokens; the one-image rows end at token 18
     assert "hf_dataset train row 6: its image tokens end at token 34, after max_length=30" in err
     assert not (tmp_path / "save" / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize("task", ["vqa", "conversation"])
+def test_easy_vqa_generative_makes_its_samples_through_the_model_s_processor(task, folders, tmp_path):
+    """easy-VQA's questions (one a sample, or one image's as the turns of a conversation) through the
+    folder's processor: its pixels, the answers labelled, a forward and a generation of the model."""
+    from tests.data.datasets.test_easy_vqa_generative import write_root
+
+    model_dir, _ = folders("qwen2_vl")
+    root = write_root(tmp_path / "easy_vqa")
+    d = "dataset_config.easy_vqa_generative"
+    config = load_config(["model=hf_vlm", "datasets=easy_vqa_generative", f"model_config.hf_vlm.path={model_dir}",
+                          f"{d}.data_root={root}", f"{d}.val_images=1", f"{d}.task={task}",
+                          f"{d}.processors.text_processor.type=hf_processor",
+                          f"{d}.processors.text_processor.params.path={model_dir}", f"env.save_dir={tmp_path}"])
+    builders = build_datasets(config)
+    (b,) = builders.values()
+    b.prepare()
+    train = b.build("train")
+    item = train[0]
+    assert IMAGES in item and "image" not in item and "image_grid_thw" in item[IMAGES]
+    labelled = item["targets"].ne(IGNORE_INDEX)
+    last_image = int(item["input_ids"].eq(b.text_processor.model_token_id).nonzero().max())
+    assert labelled.any() and not labelled[:last_image].any()
+    model = build_model(config, builders).eval()
+    batch = b.collate([train[i] for i in range(min(3, len(train)))])
+    assert model(batch)["scores"].shape[:2] == batch["input_ids"].shape
+    assert model.generate(batch, max_new_tokens=2).shape == (batch["input_ids"].size(0), 2)

@@ -34,7 +34,7 @@ from torch.utils.data import Dataset
 from mmvl.data.datasets.easy_vqa import EasyVQABuilder, EasyVQADataset, question_words
 from mmvl.data.processors import prompt_answer as _prompt_answer  # noqa: F401  (registers prompt_answer)
 from mmvl.data.records import Strings, Table
-from mmvl.data.datasets.text_generation import GeneratesText
+from mmvl.data.datasets.text_generation import GeneratesText, visual_sample
 from mmvl.errors import UserError
 from mmvl.registry import register_dataset
 
@@ -96,15 +96,18 @@ class GenerativeEasyVQA(EasyVQADataset):
     def __getitem__(self, index: int) -> dict[str, Any]:
         answer = self.answers[index]
         item: dict[str, Any] = {"id": int(self.ids[index]), "image_id": int(self.image_ids[index])}
-        item.update(self.text_processor(self.questions[index], answer))
-        image = self.pixels[int(self.image_rows[index])]
-        item["image"] = self.image_processor(image) if self.image_processor is not None else image.float() / 255.0
+        item.update(visual_sample(self.text_processor, self.pixel_maker, [self.pixels[int(self.image_rows[index])]],
+                                  prompt=self.questions[index], answer=answer, where=f"easy_vqa row {index}"))
         item.update(answer=answer, question_type=int(self.types[index]))
         return item
 
     def sample_lengths(self) -> list[int]:
         """About each sample's tokens (``training.group_by_length``)."""
         return [self.text_processor.length(pair, True) for pair in zip(self.questions, self.answers)]
+
+    def pixel_maker(self, image: Any) -> Any:
+        """The image processor's pixels of an easy-VQA image (uint8 C x H x W), or them scaled to [0, 1]."""
+        return self.image_processor(image) if self.image_processor is not None else image.float() / 255.0
 
 
 class ConversationEasyVQA(GenerativeEasyVQA):
@@ -189,9 +192,8 @@ class ConversationEasyVQA(GenerativeEasyVQA):
             turns += [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]
         first = int(rows[0])
         item: dict[str, Any] = {"id": int(self.image_ids[first]), "image_id": int(self.image_ids[first])}
-        item.update(self.text_processor.conversation(turns, has_image=True, where=f"easy_vqa image {item['image_id']}"))
-        image = self.pixels[int(self.image_rows[first])]
-        item["image"] = self.image_processor(image) if self.image_processor is not None else image.float() / 255.0
+        item.update(visual_sample(self.text_processor, self.pixel_maker, [self.pixels[int(self.image_rows[first])]],
+                                  turns=turns, where=f"easy_vqa image {item['image_id']}"))
         item.update(answer=turns[-1]["content"], question_type=-1)  # several questions: no one type
         return item
 
