@@ -302,3 +302,39 @@ def test_easy_vqa_generative_makes_its_samples_through_the_model_s_processor(tas
     batch = b.collate([train[i] for i in range(min(3, len(train)))])
     assert model(batch)["scores"].shape[:2] == batch["input_ids"].shape
     assert model.generate(batch, max_new_tokens=2).shape == (batch["input_ids"].size(0), 2)
+
+
+def test_an_architecture_whose_parts_are_not_found_is_refused_listing_its_modules():
+    from mmvl.errors import UserError
+    from mmvl.models.hf_vlm import find_parts
+
+    class Odd(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = torch.nn.ModuleDict({"eyes": torch.nn.Linear(2, 2), "language_model": torch.nn.Linear(2, 2)})
+
+    with pytest.raises(UserError, match=r"Odd has no vision module .* its modules are model, model\.eyes, "
+                                        r"model\.language_model"):
+        find_parts(Odd())
+
+
+def test_the_issue_s_command_on_the_llava_conversation_files(folders, tmp_path):
+    """The LLaVA JSON of the conversation-data work (its placeholders before or after the question,
+    text-only records) with a LLaVA folder someone else wrote: 30 updates, val scored by generation."""
+    import json
+
+    from mmvl_cli.predict import main as predict
+    from mmvl_cli.run import main as run
+    from tests.fixtures.llava_files import write_llava
+
+    model_dir, _ = folders("llava")
+    files = write_llava(tmp_path / "llava", train=24, val=6)
+    common = ["config=projects/hf_vlm/configs/defaults.yaml", f"model_config.hf_vlm.path={model_dir}", "datasets=llava",
+              f"dataset_config.llava.annotations.train={files['train']}", f"dataset_config.llava.annotations.val={files['val']}",
+              f"dataset_config.llava.annotations.test={files['val']}", f"dataset_config.llava.image_folder={files['images']}",
+              f"env.save_dir={tmp_path / 'save'}", "training.num_workers=0"]
+    assert run([*common, "training.max_updates=30", "training.evaluation_interval=30", "run_type=train_val"]) == 0
+    rows = [json.loads(line) for line in (tmp_path / "save" / "metrics.jsonl").read_text().splitlines()]
+    assert any(r.get("split") == "val" and r.get("update") == 30 and "generated_vqa_accuracy" in r for r in rows)
+    assert predict(common) == 0
+    assert len(json.loads((tmp_path / "save" / "predictions" / "llava_test.json").read_text())) == 6
