@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import torch
+
 from mmvl.config.access import plain
 from mmvl.errors import UserError, library_input
 
@@ -70,22 +72,41 @@ def apply_lora(model: Any, spec: Mapping[str, Any] | None, name: str) -> list[st
     for part in lora["parts"]:
         if part not in parts:
             raise UserError(f"{where}.parts: {name} has no part {part!r}; its parts are {', '.join(parts) or 'none'}.")
+        adapters = 0
         for attr in parts[part]:
             module = model.get_submodule(attr)
-            config = peft.LoraConfig(r=lora["r"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
-                                     target_modules=lora["target_modules"], bias="none")
-            with library_input(f"{where}: target_modules={lora['target_modules']!r} on part {part!r}",
-                               "name linear layers of that part (e.g. [q_proj, v_proj]) or all-linear."):
-                peft.inject_adapter_in_model(config, module)
-            adapters = 0
+            # another part inside this one (Qwen2-VL's merger, the connector, inside its vision tower) is not adapted
+            inner = [other[len(attr) + 1:] for mods in parts.values() for other in mods if other.startswith(attr + ".")]
+            trains = {n: p.requires_grad for n, p in module.named_parameters()}
+            if not isinstance(module, torch.nn.Linear):  # a bare output head of a part: frozen, never adapted
+                targets = explicit_targets(module, lora["target_modules"], inner) if inner else lora["target_modules"]
+                config = peft.LoraConfig(r=lora["r"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
+                                         target_modules=targets, bias="none")
+                with library_input(f"{where}: target_modules={lora['target_modules']!r} on part {part!r}",
+                                   "name linear layers of that part (e.g. [q_proj, v_proj]) or all-linear."):
+                    peft.inject_adapter_in_model(config, module)
             for pname, p in module.named_parameters():
+                if any(pname.startswith(prefix + ".") for prefix in inner):
+                    p.requires_grad_(trains[pname])  # the inner part's weights are its own to freeze or train
+                    continue
                 adapted = is_adapter(pname)
                 p.requires_grad_(adapted)
                 adapters += p.numel() if adapted else 0
-            if not adapters:
-                raise UserError(f"{where}: part {part!r} got no adapters from target_modules="
-                                f"{lora['target_modules']!r}; name its linear layers.")
+        if not adapters:
+            raise UserError(f"{where}: part {part!r} got no adapters from target_modules="
+                            f"{lora['target_modules']!r}; name its linear layers.")
     return lora["parts"]
+
+
+def explicit_targets(module: Any, targets: str | list[str], skip: list[str]) -> str:
+    """The linear layers of ``module`` that ``targets`` names (``all-linear``, or name suffixes), outside
+    the sub-modules ``skip``, as a regular expression of their full names (what peft matches exactly)."""
+    import re
+
+    names = [name for name, sub in module.named_modules()
+             if isinstance(sub, torch.nn.Linear) and not any(name == s or name.startswith(s + ".") for s in skip)
+             and (targets == "all-linear" or any(name == t or name.endswith("." + t) for t in targets))]
+    return "^(" + "|".join(re.escape(n) for n in names) + ")$" if names else "^$"
 
 
 def is_adapter(key: str) -> bool:

@@ -40,6 +40,9 @@ class BaseModel(torch.nn.Module):
     #: whether an update may leave some trainable parameters without a gradient (DDP must then look
     #: for them: ``distributed.find_unused_parameters``)
     leaves_parameters_unused: ClassVar[bool] = False
+    #: the attribute holding a whole transformers model whose adapters export as one peft folder (None:
+    #: each adapted part's module is its own base, e.g. ``vlm``'s language model)
+    ADAPTER_ROOT: ClassVar[str | None] = None
 
     def __init__(self, config: DictConfig):
         super().__init__()

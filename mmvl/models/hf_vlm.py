@@ -51,16 +51,23 @@ def load_vlm(path: Any, attn_implementation: str) -> torch.nn.Module:
 
 def find_parts(model: torch.nn.Module) -> dict[str, tuple[str, ...]]:
     """``vision``/``connector``/``language_model`` -> module names in ``model`` (prefixed ``model.``,
-    the attribute :class:`HFVLM` keeps it under); a part not found is refused, listing what there is."""
-    names = {name for name, _ in model.named_modules()}
+    the attribute :class:`HFVLM` keeps it under; the language model's output head with it); a part
+    not found is refused, listing what there is."""
+    return parts_in({name for name, _ in model.named_modules()}, type(model).__name__)
+
+
+def parts_in(names: set[str], kind: str) -> dict[str, tuple[str, ...]]:
+    """:func:`find_parts` on the module names of a model of class ``kind``."""
     found = {}
     for part, candidates in PART_NAMES.items():
         hit = next((c for c in candidates if c in names), None)
         if hit is None:
             top = sorted({n.split(".")[0] for n in names if n} | {n for n in names if n.count(".") == 1})
-            raise UserError(f"hf_vlm: {type(model).__name__} has no {part} module under the names mmvl knows "
+            raise UserError(f"hf_vlm: {kind} has no {part} module under the names mmvl knows "
                             f"({', '.join(candidates)}); its modules are {', '.join(top)}.")
         found[part] = (f"model.{hit}",)
+    if "lm_head" in names:  # the LM's output head is the language model's: LLaVA's stage 1 freezes it too
+        found["language_model"] += ("model.lm_head",)
     return found
 
 
@@ -79,6 +86,8 @@ class HFVLM(BaseModel):
     #: LLaVA-style models read an inner layer of their vision tower (the layers after it, its final norm,
     #: get no gradient), and a batch without images leaves the whole tower out
     leaves_parameters_unused = True
+    #: ``mmvl_export adapters`` writes one peft folder for the whole VLM (what AutoModelForImageTextToText loads)
+    ADAPTER_ROOT = "model"
 
     def __init__(self, config: DictConfig):
         super().__init__(config)
@@ -95,6 +104,23 @@ class HFVLM(BaseModel):
         #: processor's per-token keys (token_type_ids, mm_token_type_ids, ...); mmvl's own labels never go in
         self.token_keys = tuple(k for k, p in taken.items() if p.kind is p.POSITIONAL_OR_KEYWORD
                                 and k not in _NOT_FROM_BATCH)
+
+    @classmethod
+    def trained_modules(cls, config: Any, keys: list[str]) -> list[str]:
+        """The modules (names under :attr:`ADAPTER_ROOT`) whose own weights a run of ``config`` (its
+        ``model_config.hf_vlm``) trained besides its LoRA adapters, from its checkpoint's ``keys``: the
+        parts neither frozen nor adapted (and the output head under ``freeze: [base]``). What an
+        adapter folder must carry (peft's ``modules_to_save``) to generate as the run does."""
+        names = {".".join(key.split(".")[1:i]) for key in keys if key.startswith("model.")
+                 for i in range(2, key.count(".") + 1)}
+        parts = {part: tuple(m[len("model."):] for m in mods) for part, mods in parts_in(names, "the run").items()}
+        frozen = set(config.get("freeze") or [])
+        adapted = set(((config.get("lora") or {}).get("parts") or [])) if (config.get("lora") or {}).get("r") else set()
+        out = [m for part, mods in parts.items() if part not in frozen | adapted and "base" not in frozen
+               for m in mods]
+        if "base" in frozen and "language_model" not in frozen | adapted and "lm_head" in names:
+            out.append("lm_head")
+        return [m for m in out if not any(m.startswith(o + ".") for o in out)]  # an inner module goes with its outer
 
     def part_parameters(self) -> dict[str, list[str]]:
         """The base's parts, with a connector that sits inside the vision tower left out of ``vision``."""
