@@ -43,6 +43,9 @@ class BaseModel(torch.nn.Module):
     #: the attribute holding a whole transformers model whose adapters export as one peft folder (None:
     #: each adapted part's module is its own base, e.g. ``vlm``'s language model)
     ADAPTER_ROOT: ClassVar[str | None] = None
+    #: set by a strategy whose every forward is a collective per shard unit (FSDP): then each part must
+    #: run in every forward, on every rank, even where the batch does not need it (a batch without images)
+    every_part_each_forward: bool = False
 
     def __init__(self, config: DictConfig):
         super().__init__()

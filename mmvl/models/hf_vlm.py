@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from mmvl.data.processors.vlm_processor import IMAGES, ROWS, check_vlm_folder
+from mmvl.data.processors.vlm_processor import IMAGES, ROWS, UNPLACED, check_vlm_folder
 from mmvl.errors import UserError, library_input
 from mmvl.labels import IGNORE_INDEX
 from mmvl.models.base import BaseModel, under_prefix
@@ -69,6 +69,14 @@ def parts_in(names: set[str], kind: str) -> dict[str, tuple[str, ...]]:
     if "lm_head" in names:  # the LM's output head is the language model's: LLaVA's stage 1 freezes it too
         found["language_model"] += ("model.lm_head",)
     return found
+
+
+def tensors_of(output: Any) -> list[torch.Tensor]:
+    """The tensors in a model output (a tensor, a tuple or list of them, or a ModelOutput)."""
+    if isinstance(output, torch.Tensor):
+        return [output]
+    values = output.values() if hasattr(output, "values") else output if isinstance(output, (list, tuple)) else []
+    return [t for v in values for t in tensors_of(v)]
 
 
 #: forward arguments mmvl sets itself (or never): the tokens, their mask, labels (mmvl's loss reads ``targets``), caches
@@ -134,17 +142,30 @@ class HFVLM(BaseModel):
         kwargs = {"input_ids": batch["input_ids"], "attention_mask": batch.get("attention_mask")}
         kwargs.update({k: batch[k] for k in self.token_keys if isinstance(batch.get(k), torch.Tensor)})
         images = batch.get(IMAGES)
-        if isinstance(images, dict):
+        if isinstance(images, dict) and not images.get(UNPLACED):
             kwargs.update({k: v for k, v in images.items() if k != ROWS})
         return kwargs
 
     def forward(self, batch: dict[str, Any]) -> dict[str, Any]:
-        return {"scores": self.model(**self.inputs(batch), use_cache=False).logits}
+        unused = self.unplaced_features(batch)  # first: where the other ranks' forwards encode their images
+        logits = self.model(**self.inputs(batch), use_cache=False).logits
+        return {"scores": logits if unused is None else logits + 0.0 * unused}
+
+    def unplaced_features(self, batch: dict[str, Any]) -> torch.Tensor | None:
+        """Under sharding, for a batch without images: the vision tower run on the blank image it
+        carries, placed nowhere (a scalar to add times zero), so that its gathers meet the other ranks'
+        as their image encoding comes first in their forward; None otherwise."""
+        images = batch.get(IMAGES)
+        if not (self.every_part_each_forward and isinstance(images, dict) and images.get(UNPLACED)):
+            return None
+        unplaced = {k: v for k, v in images.items() if k not in (ROWS, UNPLACED)}
+        return sum(t.float().sum() for t in tensors_of(self.model.get_image_features(**unplaced)))
 
     @torch.no_grad()
     def generate(self, batch: dict[str, Any], **overrides: Any) -> torch.Tensor:
         """Continue each prompt (right-padded, as collated; a labelled batch is cut before its first
         answer token) greedily or by beams; returns ``B x max_new_tokens`` new ids (pad after the end)."""
+        synced = bool(overrides.pop("synced_gpus", False))  # sharded parameters: every rank steps until all end
         opts = {**self.generation, **overrides}
         mask = batch.get("attention_mask")
         if mask is None:
@@ -160,12 +181,33 @@ class HFVLM(BaseModel):
             if key in kwargs and kwargs[key].shape == batch["input_ids"].shape:
                 kwargs[key] = left_align(kwargs[key], mask, 0)[0]
         width = int(opts["max_new_tokens"])
+        self.unplaced_features(batch)  # a rank without images encodes a blank one where the others' prefill encodes theirs
         out = self.model.generate(**kwargs, do_sample=False, max_new_tokens=width, num_beams=int(opts["num_beams"]),
-                                  pad_token_id=self.pad_token_id, eos_token_id=self.eos_token_id)
+                                  pad_token_id=self.pad_token_id, eos_token_id=self.eos_token_id, synced_gpus=synced)
         new = out[:, kwargs["input_ids"].size(1):]
         if new.size(1) < width:  # every row ended early: a fixed width, so ranks can gather
             new = torch.cat([new, new.new_full((new.size(0), width - new.size(1)), self.pad_token_id)], 1)
         return new[:, :width]
 
     def enable_gradient_checkpointing(self) -> None:
-        self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable = getattr(self.model, "activation_checkpointing_enable", None)  # transformers >= 5
+        if enable is not None:
+            enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+    def shard_units(self) -> list[torch.nn.Module]:
+        """The model's repeated blocks, what FSDP shards one by one and checkpoints: each entry of a
+        layer list that is, or holds, a module transformers keeps whole (``_no_split_modules``: the
+        decoder layers, the vision encoder's layers or blocks)."""
+        kinds = set(getattr(self.model, "_no_split_modules", None) or [])
+        units: list[torch.nn.Module] = []
+        taken: set[int] = set()
+        for module in self.model.modules():
+            if not isinstance(module, torch.nn.ModuleList) or id(module) in taken:
+                continue
+            for block in module:
+                if any(c.__name__ in kinds for m in block.modules() for c in type(m).__mro__):  # FSDP subclasses
+                    units.append(block)
+                    taken.update(id(m) for m in block.modules())
+        return units

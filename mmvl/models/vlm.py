@@ -116,6 +116,7 @@ class VLM(BaseModel):
         decoding with the KV cache; returns ``B x max_new_tokens`` ids (after the end token: pad).
         A batch with answers (``targets``) is cut before its first answer token, so one evaluation
         batch serves both the loss and generation."""
+        synced = bool(overrides.pop("synced_gpus", False))  # sharded parameters: every rank steps until all end
         opts = {**self.generation, **overrides}
         mask = batch.get("attention_mask")
         if mask is None:
@@ -130,7 +131,8 @@ class VLM(BaseModel):
         new = self.lm.generate(inputs_embeds=embeds, attention_mask=mask, do_sample=False,
                                max_new_tokens=int(opts["max_new_tokens"]), num_beams=int(opts["num_beams"]),
                                pad_token_id=self.pad_token_id, eos_token_id=self.eos_token_id,
-                               suppress_tokens=[self.image_token_id])  # never write a placeholder
+                               suppress_tokens=[self.image_token_id],  # never write a placeholder
+                               synced_gpus=synced)
         width = int(opts["max_new_tokens"])
         if new.size(1) < width:  # every row ended early: pad to a fixed width, so ranks can gather
             new = torch.cat([new, new.new_full((new.size(0), width - new.size(1)), self.pad_token_id)], 1)

@@ -1,4 +1,4 @@
-"""The VLM and CLIP sharded: ``distributed.strategy=fsdp`` with ``training.gradient_checkpointing`` at 2
+"""The VLM, CLIP and released VLMs (hf_vlm: LLaVA, Qwen2-VL, LLaVA with LoRA) sharded: ``distributed.strategy=fsdp`` with ``training.gradient_checkpointing`` at 2
 gloo ranks. Each update's loss equals one process's on the same global batches; a run stopped and
 resumed ends bitwise where the uninterrupted one ends; every shard unit is its own FSDP group of
 DTensor parameters and is checkpointed; the start-of-run line shows what sharding saved per rank; and
@@ -50,7 +50,20 @@ def _clip(save: str, data: str) -> list[str]:
             "optimizer.type=sgd", "optimizer.params={lr: 0.01, momentum: 0.9}", "scheduler.type=null", *COMMON]
 
 
-OPTS = {"vlm": _vlm, "clip": _clip}
+def _hf_vlm(arch: str, *extra: str):
+    """A released VLM (a tiny random folder of ``arch`` under ``data``) through the hf_vlm project config."""
+    def opts(save: str, data: str) -> list[str]:
+        return [f"config={ROOT / 'projects/hf_vlm/configs/defaults.yaml'}", f"model_config.hf_vlm.path={data}/{arch}",
+                "datasets=llava", f"dataset_config.llava.annotations.train={data}/set/train.json",
+                f"dataset_config.llava.image_folder={data}/set/images", "dataset_config.llava.max_samples=16",
+                "model_config.hf_vlm.freeze=[]", f"env.save_dir={save}", f"env.data_dir={data}", "scheduler.type=null",
+                "optimizer.params.lr=0.01", "evaluation.metrics=[]", *extra, *COMMON]
+    return opts
+
+
+OPTS = {"vlm": _vlm, "clip": _clip, "hf_vlm_llava": _hf_vlm("llava"), "hf_vlm_qwen2_vl": _hf_vlm("qwen2_vl"),
+        "hf_vlm_llava_lora": _hf_vlm("llava", "model_config.hf_vlm.lora.r=4", "model_config.hf_vlm.lora.alpha=8",
+                                     "model_config.hf_vlm.lora.parts=[language_model,vision]")}
 SHARDED = ["distributed.strategy=fsdp", "training.gradient_checkpointing=true"]
 
 
@@ -113,9 +126,21 @@ def pairs(tmp_path_factory) -> Path:
     return root
 
 
-@pytest.mark.parametrize("kind", ["vlm", "clip"])
-def test_fsdp_with_activation_checkpointing_matches_one_process_and_resumes_bitwise(kind, tmp_path, pairs):
-    data = str(pairs if kind == "clip" else tmp_path / "data")
+@pytest.fixture(scope="module")
+def released(tmp_path_factory) -> Path:
+    """Tiny random LLaVA and Qwen2-VL folders and a LLaVA JSON set beside them."""
+    from tests.fixtures.released_vlms import make_llava, make_qwen2_vl, write_llava_set
+
+    root = tmp_path_factory.mktemp("released")
+    make_llava(root / "llava")
+    make_qwen2_vl(root / "qwen2_vl")
+    write_llava_set(root / "set")
+    return root
+
+
+@pytest.mark.parametrize("kind", list(OPTS))
+def test_fsdp_with_activation_checkpointing_matches_one_process_and_resumes_bitwise(kind, tmp_path, pairs, released):
+    data = str(pairs if kind == "clip" else released if kind.startswith("hf_vlm") else tmp_path / "data")
     one = {}
     for name, extra in (("plain", []), ("checkpointed", ["training.gradient_checkpointing=true"])):
         Trainer(load_config([*OPTS[kind](str(tmp_path / name), data), *extra])).fit()

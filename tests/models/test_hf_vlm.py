@@ -338,3 +338,27 @@ def test_the_issue_s_command_on_the_llava_conversation_files(folders, tmp_path):
     assert any(r.get("split") == "val" and r.get("update") == 30 and "generated_vqa_accuracy" in r for r in rows)
     assert predict(common) == 0
     assert len(json.loads((tmp_path / "save" / "predictions" / "llava_test.json").read_text())) == 6
+
+
+@pytest.mark.parametrize("arch", ["llava", "qwen2_vl", "idefics3"])
+def test_a_batch_without_images_runs_the_vision_tower_only_where_every_part_must_run(arch, folders, tmp_path):
+    """Under FSDP every forward gathers each vision layer on every rank: a rank whose batch has no image
+    encodes the blank image the batch carries (placed nowhere: zero gradient, the same logits); in one
+    process or under DDP the tower does not run for it."""
+    from mmvl.data.processors.vlm_processor import UNPLACED
+
+    builder, model, losses = built(folders, arch, tmp_path)
+    train = builder.build("train")
+    text_only = next(i for i in range(len(train)) if not train.records.column("image")[i])
+    batch = builder.collate([train[text_only]])
+    assert batch[IMAGES][UNPLACED]
+    vision = [p for n, p in model.named_parameters() if n in set(model.part_parameters()["vision"])]
+    plain = model(batch)["scores"]
+    sum(compute_losses(losses, batch, {"scores": plain}).values()).backward()
+    assert all(p.grad is None for p in vision)
+    model.zero_grad(set_to_none=True)
+    model.every_part_each_forward = True
+    sharded = model(batch)["scores"]
+    sum(compute_losses(losses, batch, {"scores": sharded}).values()).backward()
+    assert torch.equal(sharded, plain)
+    assert any(p.grad is not None for p in vision) and all(p.grad is None or not p.grad.any() for p in vision)

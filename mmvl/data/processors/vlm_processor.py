@@ -40,8 +40,9 @@ PREFIX_LM_PROCESSORS = ("PaliGemmaProcessor",)
 _TEXT_KEYS = ("input_ids", "attention_mask", "labels")
 #: the files a processor's save_pretrained writes its image processor to (transformers 5, and 4)
 PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
-#: the batch key holding the image tensors, and the key inside it with each per-image key's rows per sample
-IMAGES, ROWS = "images", "rows"
+#: the batch key holding the image tensors, the key inside it with each per-image key's rows per sample, and the
+#: flag of a batch without images whose tensors are a blank image's, placed nowhere (see ``collate_images``)
+IMAGES, ROWS, UNPLACED = "images", "rows", "unplaced"
 
 
 def check_vlm_folder(path: Any, where: str) -> None:
@@ -133,6 +134,8 @@ class VLMProcessor:
             trailing[key] = tuple(one[key].shape[2 if kinds[key] == "sample" else 1:])
         #: the processor's per-token keys besides the tokens and their mask (e.g. token_type_ids)
         self.token_keys = [k for k in one if k not in _TEXT_KEYS and k not in kinds]
+        #: one blank image's tensors, the model's batch layout: what a batch without images carries, unplaced
+        self._unplaced = {key: one[key] for key in kinds}
         return kinds, trailing, int(one["input_ids"].shape[1])
 
     def _call(self, images: Sequence[Any]) -> Any:
@@ -283,9 +286,10 @@ class VLMProcessor:
         """The samples' image tensors as one batch: ``image`` keys concatenated (their per-sample row
         counts under ``rows``, so a batch can be cut to its first samples), ``sample`` keys padded
         with zeros to the most images and stacked (a sample without images: all zeros, which the
-        models skip). None when no sample has an image."""
-        if all(s is None for s in samples):
-            return None
+        models skip). A batch without any image carries a blank image's tensors marked ``unplaced``:
+        a model whose every part must run in each forward (sharded) encodes it and adds nothing."""
+        if all(s is None for s in samples):  # no image: the probe's, unplaced, for a model that must run its tower
+            return {UNPLACED: True, ROWS: {}, **self._unplaced}
         batch: dict[str, Any] = {ROWS: {}}
         for key, kind in self.kinds.items():
             parts = [s[key] if s is not None else torch.zeros((0, *self.trailing[key])) for s in samples]
@@ -302,7 +306,10 @@ class VLMProcessor:
 
 
 def first_images(images: dict[str, Any], n: int) -> dict[str, Any]:
-    """A batch's ``images`` cut to its first ``n`` samples (per-image keys by their rows)."""
+    """A batch's ``images`` cut to its first ``n`` samples (per-image keys by their rows; a blank
+    image placed nowhere stays as it is)."""
+    if images.get(UNPLACED):
+        return dict(images)
     rows = images.get(ROWS, {})
     out: dict[str, Any] = {ROWS: {k: counts[:n] for k, counts in rows.items()}}
     for key, value in images.items():
@@ -312,4 +319,4 @@ def first_images(images: dict[str, Any], n: int) -> dict[str, Any]:
     return out
 
 
-__all__ = ["IMAGES", "ROWS", "VLMProcessor", "check_vlm_folder", "first_images", "load_processor"]
+__all__ = ["IMAGES", "ROWS", "UNPLACED", "VLMProcessor", "check_vlm_folder", "first_images", "load_processor"]

@@ -55,6 +55,11 @@ class Strategy:
         self.distributed = typed_section(config, "distributed")
         self.training = typed_section(config, "training")
 
+    def decoding(self, model: torch.nn.Module) -> Any:
+        """A context in which the model's ``generate`` may run outside its ``forward`` (this default:
+        nothing to do; a strategy that shards parameters gathers those its forward hooks would not)."""
+        return contextlib.nullcontext()
+
     # -- set-up -----------------------------------------------------------
     def wrap(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
              ) -> tuple[torch.nn.Module, torch.optim.Optimizer | None]:

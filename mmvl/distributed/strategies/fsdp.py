@@ -79,6 +79,8 @@ class FSDPStrategy(Strategy):
         policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None)
         mesh = init_device_mesh(self.env.device.type, (self.env.world_size,))
         units = list(model.shard_units()) if hasattr(model, "shard_units") else []
+        if hasattr(model, "every_part_each_forward"):  # every unit's gather must meet on every rank, every forward
+            model.every_part_each_forward = True
         if self.training.gradient_checkpointing:
             self._checkpoint_activations(model, units)
         reshard = bool(self.distributed.reshard_after_forward)
@@ -155,11 +157,36 @@ class FSDPStrategy(Strategy):
         return _index_form(state) if self.env.rank == 0 else {}
 
     def load_optimizer_state_dict(self, model, optimizer, state) -> None:
-        """Load a full optimizer state (integer- or FQN-keyed) given on every rank."""
+        """Load a full optimizer state (integer- or FQN-keyed) given on every rank. A trainable
+        parameter that never had a gradient (LLaVA's vision layers after the one it reads) had no
+        optimizer state when it was saved and gets none now (``strict=False``, then the state torch
+        initialised for it dropped), as in the run that went on; the parameters themselves are
+        counted against the checkpoint's first."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-        set_optimizer_state_dict(model, optimizer, _fqn_form(model, optimizer, state),
-                                 options=StateDictOptions(full_state_dict=True))
+        named = _fqn_form(model, optimizer, state)
+        set_optimizer_state_dict(model, optimizer, named, options=StateDictOptions(full_state_dict=True, strict=False))
+        names = _param_names(model)
+        for group in optimizer.param_groups:  # torch initialises every parameter's state first: undo it for those
+            for p in group["params"]:  # the checkpoint holds none for, so the run goes on as the saved one would
+                if names[id(p)] not in named["state"]:
+                    optimizer.state.pop(p, None)
+
+    @contextlib.contextmanager
+    def decoding(self, model: torch.nn.Module) -> Iterator[None]:
+        """The root's own parameters gathered while ``generate`` runs: it calls the shard units'
+        forwards (their hooks gather their parameters, step by step on every rank) but not the root's
+        (the embeddings, an image encoder, a projector, the LM head are the root group's)."""
+        from torch.distributed.fsdp import FSDPModule
+
+        root = model if isinstance(model, FSDPModule) else None
+        if root is not None:
+            root.unshard()
+        try:
+            yield
+        finally:
+            if root is not None:
+                root.reshard()
 
     # -- sharded state: each rank writes/reads its own part -----------------------------------
     @property

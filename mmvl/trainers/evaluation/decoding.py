@@ -1,7 +1,7 @@
 """A generative model's decoding during evaluation, and the cap on the rows it decodes.
 
 It decodes with the model's ``generate`` (the KV cache, its ``generation`` settings, under
-autocast) the rows the generation metrics score: the split's first ``evaluation.generate_max_samples``
+autocast; in lockstep over the ranks where parameters are sharded) the rows the generation metrics score: the split's first ``evaluation.generate_max_samples``
 in dataset order (the same rows at any world size) in the evaluations during training, every row in
 the others and with the cap null; or, when predictions are written, every row (the file holds the
 whole split).
@@ -24,10 +24,12 @@ class Decoding:
     """One dataset's decoding: ``cap`` is the generation metrics' row limit (None: the whole split)."""
 
     def __init__(self, engine: Any, model: torch.nn.Module, total: int, metrics: list[Metric], cap: int | None):
-        self.engine = engine
+        self.engine, self.model = engine, model
         self.generate = getattr(engine.unwrap_model(model), "generate", None)
         self.scoring = any(m.generates for m in metrics)
         self.total, self.limit = total, total if cap is None else min(int(cap), total)
+        #: sharded parameters (FSDP): every forward is a collective, so the ranks decode in lockstep
+        self.lockstep = bool(engine.strategy.shards_parameters) and engine.env.world_size > 1
 
     def rows(self, seen: int, size: int, valid: int, env: Any) -> int:
         """How many of a batch's first rows the generation metrics score: this rank's samples
@@ -37,8 +39,21 @@ class Decoding:
         return max(0, min(valid, owned(seen + size, self.limit, env) - owned(seen, self.limit, env)))
 
     def run(self, batch: Mapping[str, Any], n: int) -> torch.Tensor | None:
-        """New token ids (``n x max_new_tokens``) of the batch's first ``n`` rows; None for none."""
-        if not n or self.generate is None:
+        """New token ids (``n x max_new_tokens``) of the batch's first ``n`` rows; None for none.
+
+        In lockstep (sharded parameters) every rank decodes the batch when any rank does (a rank with
+        no row of its own decodes one and drops it) and keeps stepping until every rank's rows have
+        ended (``synced_gpus``), so each forward's gathers meet on every rank."""
+        if self.generate is None:
+            return None
+        if self.lockstep:
+            if not int(self.engine.all_reduce(torch.tensor([n], device=self.engine.env.device), "max").item()):
+                return None
+            size = batch_size_of(batch)
+            with self.engine.autocast(), self.engine.strategy.decoding(self.model):
+                new = self.generate(first_rows(batch, min(max(n, 1), size), size), synced_gpus=True)
+            return new[:n] if n else None
+        if not n:
             return None
         with self.engine.autocast():
             return self.generate(first_rows(batch, n, batch_size_of(batch)))

@@ -66,8 +66,7 @@ class Evaluator:
         self.section, self.training, self.save_dir = section, training, save_dir
         self.engine, self.model, self.builders = engine, model, builders
         self.metrics, self.losses, self.batch_size = metrics, losses, batch_size
-        check_metrics(model_name, training.early_stop.criteria, engine.unwrap_model(model), builders, metrics,
-                      losses, engine.strategy.shards_parameters)
+        check_metrics(model_name, training.early_stop.criteria, engine.unwrap_model(model), builders, metrics, losses)
 
     def reuses(self, last: Evaluation | None, update: int, split: str) -> bool:
         """Whether a stage of ``split`` at ``update`` may take ``last`` instead of scoring again: the
@@ -215,9 +214,9 @@ class _Fold:
 
 
 def check_metrics(model_name: str, criteria: str | None, model: torch.nn.Module, builders: Mapping[str, Any],
-                  metrics: Mapping[str, list[Any]], losses: list[tuple[str, Any]], shards_parameters: bool) -> None:
-    """Before the first update: a metric of generated text needs a model that generates, a dataset
-    that decodes its ids, and a strategy whose ranks may decode apart; ``training.early_stop.criteria``
+                  metrics: Mapping[str, list[Any]], losses: list[tuple[str, Any]]) -> None:
+    """Before the first update: a metric of generated text needs a model that generates and a dataset
+    that decodes its ids (under sharded parameters the ranks decode in lockstep); ``training.early_stop.criteria``
     must name a value the run computes, where its metrics say beforehand what they compute."""
     for name, listed in metrics.items():
         generating = sorted(m.name for m in listed if getattr(m, "generates", False))
@@ -229,9 +228,6 @@ def check_metrics(model_name: str, criteria: str | None, model: torch.nn.Module,
         if not callable(getattr(builders[name], "generated_text", None)):
             raise UserError(f"metrics {generating} score generated text, and dataset {name!r} has no text targets to "
                             "decode against; use a generative dataset (e.g. easy_vqa_generative) or drop them.")
-        if shards_parameters:
-            raise UserError(f"metrics {generating} decode on each rank apart, which FSDP's sharded parameters do not "
-                            "allow; evaluate under distributed.strategy=ddp (or single), or drop them.")
     if not criteria or not metrics:
         return
     dataset = next((d for d in metrics if str(criteria).startswith(d + "/")), next(iter(metrics)))
