@@ -16,15 +16,17 @@
 #     `benchmarks` is this tree's (fairscale's wheel installs a top-level `benchmarks` too)
 #  2. step_speed base --compile, plain + trainer (150): the measured aim, the Trainer with
 #     torch.compile on BERT-base (batch 128, bf16); prints the recompiles while timed and MFU
-#  3. pytest -m cuda (100): every CUDA-only test
+#  3. pytest -m cuda (80): every CUDA-only test
 #  4. vlm_speed (40): the VLM's training step against a plain transformers loop, full and LoRA
 #     (LoRA left out, with a note, where peft is missing)
-#  5. contrastive_speed (40): clip's training step against open_clip's (mmvl alone, with a note,
+#  5. hf_vlm_speed (30): a released VLM's (hf_vlm, a random LLaVA) training step against a plain
+#     transformers (+ peft) loop, full and LoRA
+#  6. contrastive_speed (40): clip's training step against open_clip's (mmvl alone, with a note,
 #     where open_clip is missing)
-#  6. step_speed base eager, every variant (50)
-#  7. the Sort-of-CLEVR demo on CUDA in bf16 (45) and fp16 (35), DEMO_UPDATES updates (default 300)
+#  7. step_speed base eager, every variant (50)
+#  8. the Sort-of-CLEVR demo on CUDA in bf16 (35) and fp16 (35), DEMO_UPDATES updates (default 300)
 #     on 2,000 generated images, then its evaluation on 100
-# Dry mode: CPU, step_speed --preset tiny, vlm_speed and contrastive_speed at smoke sizes, the demo for 3 updates (DEMO_UPDATES) on 64 images;
+# Dry mode: CPU, step_speed --preset tiny, vlm_speed, hf_vlm_speed and contrastive_speed at smoke sizes, the demo for 3 updates (DEMO_UPDATES) on 64 images;
 # pytest -m cuda collects every module and skips the tests.
 #
 # Every step runs even when an earlier one failed; the exit status is 1 if any failed or timed
@@ -103,10 +105,12 @@ DEMO_LINES='update [0-9]+/[0-9]+ \||@ update'
 if ((DRY)); then
   MODE="dry (CPU, tiny sizes)"; PRESET=(--preset tiny --threads 1)
   VLM=(--steps 1 --rounds 1 --batch 2 --width 32 --layers 1 --heads 2 --threads 1)
+  HF_VLM=(--steps 1 --rounds 1 --batch 2 --width 32 --layers 1 --heads 2 --threads 1)
   CLIP=(--steps 1 --rounds 1 --batch 4 --image 32 --layers 1 --width 32 --heads 2 --threads 1)
 else
   MODE="real (CUDA)"; PRESET=(--preset base)
   VLM=(--batch 32 --width 512 --layers 8 --heads 8)
+  HF_VLM=(--batch 16 --width 512 --layers 8 --heads 8 --vision-width 256)
   CLIP=(--batch 256 --image 128)
 fi
 VLM_LINES='^((full|lora) (mmvl|plain): |ratio |note: )'
@@ -146,14 +150,15 @@ fi
 
 step "step_speed compiled" 150 "${SPEED_LINES}" "$PY" benchmarks/step_speed.py "${PRESET[@]}" --compile \
   --variants plain,trainer --repeats "${COMPILE_ROUNDS:-1}"
-step "pytest -m cuda" 100 '(passed|failed|skipped|error|no tests ran)' \
+step "pytest -m cuda" 80 '(passed|failed|skipped|error|no tests ran)' \
   "$PY" -m pytest -q -m cuda -p no:cacheprovider tests
 step "vlm_speed" 40 "${VLM_LINES}" "$PY" benchmarks/vlm_speed.py "${VLM[@]}"
+step "hf_vlm_speed" 30 "${VLM_LINES}" "$PY" benchmarks/hf_vlm_speed.py "${HF_VLM[@]}"
 step "contrastive_speed" 40 "${CLIP_LINES}" "$PY" benchmarks/contrastive_speed.py "${CLIP[@]}" --loss-batch 0
 step "step_speed eager" 50 "${SPEED_LINES}" "$PY" benchmarks/step_speed.py "${PRESET[@]}" \
   --repeats "${EAGER_ROUNDS:-1}"
 # shellcheck disable=SC2046  # demo_args prints space-free key=value words
-step "demo bf16" 45 "${DEMO_LINES}" "$PY" -c "${RUN}" $(demo_args bf16)
+step "demo bf16" 35 "${DEMO_LINES}" "$PY" -c "${RUN}" $(demo_args bf16)
 # shellcheck disable=SC2046
 step "demo fp16" 35 "${DEMO_LINES}" "$PY" -c "${RUN}" $(demo_args fp16)
 

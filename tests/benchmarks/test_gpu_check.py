@@ -13,7 +13,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.sh"
-STEPS = ["preflight", "step_speed compiled", "pytest -m cuda", "vlm_speed", "contrastive_speed", "step_speed eager",
+STEPS = ["preflight", "step_speed compiled", "pytest -m cuda", "vlm_speed", "hf_vlm_speed", "contrastive_speed",
+         "step_speed eager",
          "demo bf16", "demo fp16"]
 STEP = re.compile(r"^STEP (.+?): (ok|FAILED \(exit \d+\)|TIMED OUT|SKIPPED.*?)(?: in (\d+) s \(budget (\d+) s\))?$")
 
@@ -38,8 +39,9 @@ def test_dry_mode_runs_every_step_and_writes_its_summary(tmp_path):
     assert re.search(r"^  MFU = FLOPs per sample x samples/s / peak FLOP/s = ", summary, re.M), summary
     assert re.search(r"^  \d+ skipped, \d+ deselected", summary, re.M), summary  # cuda tests collected, skipped
     assert len(re.findall(r"\| update 3/3 \|", summary)) == 2  # both demos trained their 3 updates
-    for kind in ("full", "lora"):  # the VLM against a plain transformers (+ peft) loop
+    for kind in ("full", "lora"):  # the VLM and a released one against a plain transformers (+ peft) loop
         assert re.search(rf"^  ratio {kind} mmvl/plain: \d+\.\d{{3}} ", summary, re.M), summary
+        assert re.search(rf"^  ratio {kind} hf_vlm mmvl/plain: \d+\.\d{{3}} ", summary, re.M), summary
     assert re.search(r"^  time ratio mmvl/open_clip: \d+\.\d{3} ", summary, re.M), summary
     assert summary.splitlines()[-1].endswith("all steps passed")
     assert len(summary.encode()) < 10_000  # one small file
