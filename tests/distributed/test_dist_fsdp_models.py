@@ -165,3 +165,29 @@ def test_fsdp_with_activation_checkpointing_matches_one_process_and_resumes_bitw
 
     # what each rank holds: sharded in two, up to the padding of uneven shards
     assert _footprint(tmp_path / "two" / "full") <= 0.525 * _footprint(tmp_path / "checkpointed")
+    if kind.endswith("_lora"):
+        _exported_adapters_generate_as_the_sharded_run(tmp_path / "two" / "full", Path(data), tmp_path / "adapters")
+
+
+def _exported_adapters_generate_as_the_sharded_run(save: Path, data: Path, out: Path) -> None:
+    """The sharded LoRA run's adapters, exported, loaded by peft onto the released folder: the same greedy
+    tokens as the run's own model (its last checkpoint) on a batch of its data."""
+    from peft import PeftModel
+    from transformers import AutoModelForImageTextToText
+
+    from mmvl.build import build_datasets, build_model
+    from mmvl.checkpoint import load_checkpoint, schema
+    from mmvl_cli.export import main as export
+
+    assert export(["adapters", str(save), str(out)]) == 0
+    config = load_config([*OPTS["hf_vlm_llava_lora"](str(save), str(data))])
+    builders = build_datasets(config)
+    (builder,) = builders.values()
+    builder.prepare()
+    model = build_model(config, builders).eval()
+    model.load_state_dict(load_checkpoint(save / "checkpoints" / "last.ckpt")[schema.MODEL])
+    train = builder.build("train")
+    batch = builder.collate([train[i] for i in range(4)])
+    ours = model.generate(batch, max_new_tokens=4)
+    model.model = PeftModel.from_pretrained(AutoModelForImageTextToText.from_pretrained(str(data / "llava")), str(out))
+    assert torch.equal(model.eval().generate(batch, max_new_tokens=4), ours)
