@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import argparse
 import copy
-import importlib.util
 import os
-import statistics
 import sys
 import tempfile
 from typing import Any
@@ -32,8 +30,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from benchmarks.timing import timed  # noqa: E402  (the tree first on sys.path)
-from benchmarks.vlm_speed import MmvlStep, optimizer_of  # noqa: E402
+from benchmarks.vlm_speed import MmvlStep, arguments, both, interleaved, optimizer_of  # noqa: E402  (the tree first)
 
 IMAGE_TOKEN, PAD, EOS, IGNORE = 3, 0, 2, -100
 
@@ -127,45 +124,18 @@ def compare(args: argparse.Namespace, folder: str, lora: bool) -> float:
     data = batches(args, args.steps)
     plain = plain_model(hf_vlm(folder, args, lora=False), lora, args)
     steps = {"mmvl": MmvlStep(hf_vlm(folder, args, lora).to(device), data), "plain": PlainStep(plain, data)}
-    for step in steps.values():
-        step.run(1)  # warm-up: allocator, optimizer state
-    times: dict[str, list[float]] = {k: [] for k in steps}
-    for r in range(args.rounds):
-        for name in (list(steps) if r % 2 == 0 else list(steps)[::-1]):
-            times[name].append(timed(steps[name], args.steps))
-    tokens = sum(int(b["attention_mask"].sum()) for b in data) / len(data)
-    kind = "lora" if lora else "full"
-    for name, values in times.items():
-        median = statistics.median(values)
-        print(f"{kind} {name}: {1000 * median:.1f} ms/update, {tokens / median:.0f} tokens/s")
-    ratio = statistics.median(m / p for m, p in zip(times["mmvl"], times["plain"]))
-    print(f"ratio {kind} hf_vlm mmvl/plain: {ratio:.3f} (target: at most 1.05)")
-    return ratio
+    return interleaved(steps, data, args, "lora" if lora else "full", "hf_vlm ")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=10, help="timed updates per round")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--length", type=int, default=128, help="tokens per sample with the 64 image tokens")
-    parser.add_argument("--vocab", type=int, default=1000)
-    parser.add_argument("--width", type=int, default=256)
+    parser = arguments(__doc__, batch=8, length=128, image_tokens=64)
     parser.add_argument("--vision-width", type=int, default=64)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--rank", type=int, default=8, help="LoRA rank")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as folder:
         llava_folder(args, folder)
-        compare(args, folder, lora=False)
-        if importlib.util.find_spec("peft") is None:  # a GPU machine without a package index may lack it
-            print("note: peft is not installed: the LoRA comparison is left out")
-        else:
-            compare(args, folder, lora=True)
+        both(lambda lora: compare(args, folder, lora))
 
 
 if __name__ == "__main__":

@@ -131,11 +131,10 @@ class PlainStep:
             self.optimizer.zero_grad()
 
 
-def compare(args: argparse.Namespace, lora: bool) -> float:
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    data = batches(args, args.steps)
-    model = vlm(args, lora)
-    steps = {"mmvl": MmvlStep(copy.deepcopy(model).to(device), data), "plain": PlainStep(copy.deepcopy(model), data)}
+def interleaved(steps: dict[str, Any], data: list[dict[str, Any]], args: argparse.Namespace, kind: str,
+                label: str = "") -> float:
+    """``steps["mmvl"]`` and ``steps["plain"]`` timed in alternating order over ``args.rounds`` rounds of
+    ``args.steps`` updates after an untimed one; prints each side's median and the median ratio."""
     for step in steps.values():
         step.run(1)  # warm-up: allocator, optimizer state
     times: dict[str, list[float]] = {k: [] for k in steps}
@@ -143,35 +142,53 @@ def compare(args: argparse.Namespace, lora: bool) -> float:
         for name in (list(steps) if r % 2 == 0 else list(steps)[::-1]):
             times[name].append(timed(steps[name], args.steps))
     tokens = sum(int(b["attention_mask"].sum()) for b in data) / len(data)
-    kind = "lora" if lora else "full"
     for name, values in times.items():
         median = statistics.median(values)
         print(f"{kind} {name}: {1000 * median:.1f} ms/update, {tokens / median:.0f} tokens/s")
     ratio = statistics.median(m / p for m, p in zip(times["mmvl"], times["plain"]))
-    print(f"ratio {kind} mmvl/plain: {ratio:.3f} (target: at most 1.05)")
+    print(f"ratio {kind} {label}mmvl/plain: {ratio:.3f} (target: at most 1.05)")
     return ratio
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def compare(args: argparse.Namespace, lora: bool) -> float:
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    data = batches(args, args.steps)
+    model = vlm(args, lora)
+    steps = {"mmvl": MmvlStep(copy.deepcopy(model).to(device), data), "plain": PlainStep(copy.deepcopy(model), data)}
+    return interleaved(steps, data, args, "lora" if lora else "full")
+
+
+def arguments(doc: str, batch: int, length: int, image_tokens: int) -> argparse.ArgumentParser:
+    """The options both VLM step benchmarks take (``batch`` and ``length``: their defaults)."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=10, help="timed updates per round")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--length", type=int, default=64, help="tokens per sample with the 16 image tokens")
+    parser.add_argument("--batch", type=int, default=batch)
+    parser.add_argument("--length", type=int, default=length, help=f"tokens per sample with the {image_tokens} "
+                        "image tokens")
     parser.add_argument("--vocab", type=int, default=1000)
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--rank", type=int, default=8, help="LoRA rank")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    compare(args, lora=False)
+    return parser
+
+
+def both(compare_one: Any) -> None:
+    """``compare_one(lora)`` for full fine-tuning, then LoRA where peft is installed."""
+    compare_one(False)
     if importlib.util.find_spec("peft") is None:  # a GPU machine without a package index may lack it
         print("note: peft is not installed: the LoRA comparison is left out")
     else:
-        compare(args, lora=True)
+        compare_one(True)
+
+
+def main() -> None:
+    args = arguments(__doc__, batch=16, length=64, image_tokens=16).parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    both(lambda lora: compare(args, lora))
 
 
 if __name__ == "__main__":

@@ -22,9 +22,8 @@ from omegaconf import DictConfig
 
 from mmvl.data.processors.vlm_processor import IMAGES, ROWS, UNPLACED, check_vlm_folder
 from mmvl.errors import UserError, library_input
-from mmvl.labels import IGNORE_INDEX
 from mmvl.models.base import BaseModel, under_prefix
-from mmvl.models.modules.vlm_parts import left_align, quiet_loading
+from mmvl.models.modules.vlm_parts import checkpoint_transformers, fixed_width, left_align, prompt_mask, quiet_loading
 from mmvl.models.vlm import check_generation
 from mmvl.registry import register_model
 
@@ -167,14 +166,7 @@ class HFVLM(BaseModel):
         answer token) greedily or by beams; returns ``B x max_new_tokens`` new ids (pad after the end)."""
         synced = bool(overrides.pop("synced_gpus", False))  # sharded parameters: every rank steps until all end
         opts = {**self.generation, **overrides}
-        mask = batch.get("attention_mask")
-        if mask is None:
-            mask = torch.ones_like(batch["input_ids"])
-        targets = batch.get("targets")
-        if targets is not None:
-            labelled = targets.ne(IGNORE_INDEX)
-            first = torch.where(labelled.any(1), labelled.long().argmax(1), mask.long().sum(1))
-            mask = mask * (torch.arange(mask.size(1), device=mask.device) < first.unsqueeze(1)).to(mask.dtype)
+        mask = prompt_mask(batch)
         kwargs = self.inputs(batch)
         kwargs["input_ids"], kwargs["attention_mask"] = left_align(batch["input_ids"], mask, self.pad_token_id)
         for key in self.token_keys:  # per-token keys make the same moves as the tokens
@@ -184,17 +176,10 @@ class HFVLM(BaseModel):
         self.unplaced_features(batch)  # a rank without images encodes a blank one where the others' prefill encodes theirs
         out = self.model.generate(**kwargs, do_sample=False, max_new_tokens=width, num_beams=int(opts["num_beams"]),
                                   pad_token_id=self.pad_token_id, eos_token_id=self.eos_token_id, synced_gpus=synced)
-        new = out[:, kwargs["input_ids"].size(1):]
-        if new.size(1) < width:  # every row ended early: a fixed width, so ranks can gather
-            new = torch.cat([new, new.new_full((new.size(0), width - new.size(1)), self.pad_token_id)], 1)
-        return new[:, :width]
+        return fixed_width(out[:, kwargs["input_ids"].size(1):], width, self.pad_token_id)
 
     def enable_gradient_checkpointing(self) -> None:
-        enable = getattr(self.model, "activation_checkpointing_enable", None)  # transformers >= 5
-        if enable is not None:
-            enable(activation_checkpointing_kwargs={"use_reentrant": False})
-        else:
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        checkpoint_transformers(self.model)
 
     def shard_units(self) -> list[torch.nn.Module]:
         """The model's repeated blocks, what FSDP shards one by one and checkpoints: each entry of a

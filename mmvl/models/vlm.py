@@ -22,10 +22,10 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from mmvl.errors import UserError, library_input
-from mmvl.labels import IGNORE_INDEX
 from mmvl.models.base import BaseModel
 from mmvl.models.modules.image_encoders import build_image_encoder
-from mmvl.models.modules.vlm_parts import Projector, grid_tokens, left_align, load_causal_lm, splice_image_tokens
+from mmvl.models.modules.vlm_parts import (Projector, checkpoint_transformers, fixed_width, grid_tokens, left_align,
+                                           load_causal_lm, prompt_mask, splice_image_tokens)
 from mmvl.registry import register_model
 
 
@@ -118,32 +118,17 @@ class VLM(BaseModel):
         batch serves both the loss and generation."""
         synced = bool(overrides.pop("synced_gpus", False))  # sharded parameters: every rank steps until all end
         opts = {**self.generation, **overrides}
-        mask = batch.get("attention_mask")
-        if mask is None:
-            mask = torch.ones_like(batch["input_ids"])
-        targets = batch.get("targets")
-        if targets is not None:  # a labelled batch: continue from the prompt, before the first answer token
-            labelled = targets.ne(IGNORE_INDEX)
-            first = torch.where(labelled.any(1), labelled.long().argmax(1), mask.long().sum(1))
-            mask = mask * (torch.arange(mask.size(1), device=mask.device) < first.unsqueeze(1)).to(mask.dtype)
-        ids, mask = left_align(batch["input_ids"], mask, self.pad_token_id)
+        ids, mask = left_align(batch["input_ids"], prompt_mask(batch), self.pad_token_id)
         embeds = self.embed(ids, batch["image"])
         new = self.lm.generate(inputs_embeds=embeds, attention_mask=mask, do_sample=False,
                                max_new_tokens=int(opts["max_new_tokens"]), num_beams=int(opts["num_beams"]),
                                pad_token_id=self.pad_token_id, eos_token_id=self.eos_token_id,
                                suppress_tokens=[self.image_token_id],  # never write a placeholder
                                synced_gpus=synced)
-        width = int(opts["max_new_tokens"])
-        if new.size(1) < width:  # every row ended early: pad to a fixed width, so ranks can gather
-            new = torch.cat([new, new.new_full((new.size(0), width - new.size(1)), self.pad_token_id)], 1)
-        return new[:, :width]
+        return fixed_width(new, int(opts["max_new_tokens"]), self.pad_token_id)
 
     def enable_gradient_checkpointing(self) -> None:
-        enable_lm = getattr(self.lm, "activation_checkpointing_enable", None)  # transformers >= 5
-        if enable_lm is not None:
-            enable_lm(activation_checkpointing_kwargs={"use_reentrant": False})
-        else:
-            self.lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        checkpoint_transformers(self.lm)
         enable = getattr(self.image_encoder, "enable_gradient_checkpointing", None)
         if enable is not None:
             enable()

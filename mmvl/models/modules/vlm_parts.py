@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mmvl.errors import UserError, library_input
+from mmvl.labels import IGNORE_INDEX
 
 
 def grid_tokens(grid: torch.Tensor, shuffle: int = 1) -> torch.Tensor:
@@ -97,3 +98,35 @@ def left_align(input_ids: torch.Tensor, mask: torch.Tensor, pad_id: int) -> tupl
     index = (torch.arange(length, device=input_ids.device).unsqueeze(0) + n) % length
     ids, m = input_ids.gather(1, index), mask.gather(1, index)
     return ids.masked_fill(m.eq(0), pad_id), m
+
+
+def prompt_mask(batch: dict[str, Any]) -> torch.Tensor:
+    """The batch's attention mask cut before each row's first answer token (``targets`` not ignored):
+    the prompt generation continues from, so one labelled evaluation batch serves the loss and
+    generation; a batch without ``targets`` is all prompt."""
+    mask = batch.get("attention_mask")
+    if mask is None:
+        mask = torch.ones_like(batch["input_ids"])
+    targets = batch.get("targets")
+    if targets is None:
+        return mask
+    labelled = targets.ne(IGNORE_INDEX)
+    first = torch.where(labelled.any(1), labelled.long().argmax(1), mask.long().sum(1))
+    return mask * (torch.arange(mask.size(1), device=mask.device) < first.unsqueeze(1)).to(mask.dtype)
+
+
+def fixed_width(new: torch.Tensor, width: int, pad_id: int) -> torch.Tensor:
+    """Generated ids as exactly ``width`` columns (rows that all ended early are padded), so ranks can
+    gather them."""
+    if new.size(1) < width:
+        new = torch.cat([new, new.new_full((new.size(0), width - new.size(1)), pad_id)], 1)
+    return new[:, :width]
+
+
+def checkpoint_transformers(model: nn.Module) -> None:
+    """transformers' own activation checkpointing of ``model``'s layers (non-reentrant)."""
+    enable = getattr(model, "activation_checkpointing_enable", None)  # transformers >= 5
+    if enable is not None:
+        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
