@@ -1,6 +1,11 @@
-"""usage: mmvl_export adapters SAVE_DIR OUT [--checkpoint PATH.ckpt]
+"""usage: mmvl_export {adapters,hf} SAVE_DIR OUT [--checkpoint PATH.ckpt] [--best]
 
-Writes the LoRA adapters a run trained (model_config.<model>.lora) as a peft adapter folder:
+hf: writes an hf_vlm run as a transformers folder (the source folder's architecture with the run's
+weights, LoRA merged; its processor with the chat template; generation_config.json ending at the
+template's end of turn) that AutoModelForImageTextToText and AutoProcessor load, vLLM serves and
+lmms-eval scores.
+
+adapters: writes the LoRA adapters a run trained (model_config.<model>.lora) as a peft adapter folder:
 adapter_config.json and adapter_model.safetensors, which
 ``peft.PeftModel.from_pretrained(base_lm, OUT)`` loads onto the base LM (for a VLM: the
 transformers folder of model_config.vlm.language_model.path). With several adapted parts, one
@@ -10,6 +15,7 @@ Example:
   mmvl_run config=projects/vlm/configs/easy_vqa_generative/stage2.yaml model_config.vlm.lora.r=8 \\
       env.save_dir=save/lora
   mmvl_export adapters save/lora adapters/
+  mmvl_export hf save/hf_vlm exported/      # then AutoModelForImageTextToText.from_pretrained("exported")
 """
 from __future__ import annotations
 
@@ -21,17 +27,22 @@ from mmvl_cli.common import cli_main
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mmvl_export", description="Export what a run trained.")
-    parser.add_argument("what", choices=["adapters"], help="adapters: the LoRA adapters, as a peft folder")
+    parser.add_argument("what", choices=["adapters", "hf"],
+                        help="adapters: the LoRA adapters, as a peft folder; hf: the run as a transformers folder")
     parser.add_argument("save_dir", metavar="SAVE_DIR", help="env.save_dir of the run")
     parser.add_argument("out", metavar="OUT", help="the folder to write (must not exist)")
     parser.add_argument("--checkpoint", default=None, help="the checkpoint to read (default: SAVE_DIR/checkpoints/last.ckpt)")
+    parser.add_argument("--best", action="store_true", help="hf: the best checkpoint instead of the last")
     return parser
 
 
 def _export(opts: list[str]) -> int:
     args = _parser().parse_args(opts)
-    from mmvl.export import export_run_adapters
+    from mmvl.export import export_run_adapters, export_run_hf
 
+    if args.what == "hf":
+        print(f"wrote {export_run_hf(args.save_dir, args.out, checkpoint=args.checkpoint, best=args.best)}")
+        return 0
     for folder in export_run_adapters(args.save_dir, args.out, checkpoint=args.checkpoint):
         print(f"wrote {folder}")
     return 0

@@ -1,4 +1,6 @@
-"""What a run trained, written for other tools: today its LoRA adapters as peft folders."""
+"""What a run trained, written for other tools: its LoRA adapters as peft folders, or the whole run as a
+transformers folder."""
 from mmvl.export.adapters import adapter_tensors, export_adapters, export_run_adapters
+from mmvl.export.hf import export_run_hf
 
-__all__ = ["adapter_tensors", "export_adapters", "export_run_adapters"]
+__all__ = ["adapter_tensors", "export_adapters", "export_run_adapters", "export_run_hf"]
