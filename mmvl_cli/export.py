@@ -1,9 +1,10 @@
-"""usage: mmvl_export {adapters,hf} SAVE_DIR OUT [--checkpoint PATH.ckpt] [--best]
+"""usage: mmvl_export {adapters,hf} SAVE_DIR OUT [--checkpoint PATH.ckpt] [--best] [--adapters]
 
 hf: writes an hf_vlm run as a transformers folder (the source folder's architecture with the run's
 weights, LoRA merged; its processor with the chat template; generation_config.json ending at the
 template's end of turn) that AutoModelForImageTextToText and AutoProcessor load, vLLM serves and
-lmms-eval scores.
+lmms-eval scores. --adapters (a LoRA run): the source weights as released, and the adapters in
+OUT/adapters, unmerged.
 
 adapters: writes the LoRA adapters a run trained (model_config.<model>.lora) as a peft adapter folder:
 adapter_config.json and adapter_model.safetensors, which
@@ -33,6 +34,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("out", metavar="OUT", help="the folder to write (must not exist)")
     parser.add_argument("--checkpoint", default=None, help="the checkpoint to read (default: SAVE_DIR/checkpoints/last.ckpt)")
     parser.add_argument("--best", action="store_true", help="hf: the best checkpoint instead of the last")
+    parser.add_argument("--adapters", action="store_true",
+                        help="hf, a LoRA run: the source weights as released and the adapters in OUT/adapters, unmerged")
     return parser
 
 
@@ -41,7 +44,7 @@ def _export(opts: list[str]) -> int:
     from mmvl.export import export_run_adapters, export_run_hf
 
     if args.what == "hf":
-        print(f"wrote {export_run_hf(args.save_dir, args.out, checkpoint=args.checkpoint, best=args.best)}")
+        print(f"wrote {export_run_hf(args.save_dir, args.out, args.checkpoint, args.best, args.adapters)}")
         return 0
     for folder in export_run_adapters(args.save_dir, args.out, checkpoint=args.checkpoint):
         print(f"wrote {folder}")

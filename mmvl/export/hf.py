@@ -5,7 +5,9 @@ An ``hf_vlm`` run keeps its source folder's architecture: the folder's model get
 (LoRA adapters merged into them, through peft, from the same adapter folder ``mmvl_export adapters``
 writes); the processor (tokenizer, image processor, chat template) is the one its data was made with;
 ``generation_config.json`` holds the run's decoding settings with the chat template's end-of-turn as
-the end token. The folder appears whole or not at all.
+the end token. With ``adapters``, a LoRA run's folder keeps the source weights and its adapters
+beside them, unmerged (``PeftModel.from_pretrained(model, OUT/adapters)``). The folder appears whole
+or not at all.
 """
 from __future__ import annotations
 
@@ -51,9 +53,10 @@ def processor_folder(config: Mapping[str, Any], model_cfg: Mapping[str, Any]) ->
 
 
 def export_run_hf(save_dir: str | Path, out: str | Path, checkpoint: str | Path | None = None,
-                  best: bool = False) -> str:
+                  best: bool = False, adapters: bool = False) -> str:
     """The run in ``save_dir`` (its last checkpoint; ``best``: its best; ``checkpoint``: that file)
-    written to ``out`` as a transformers folder; returns ``out``."""
+    written to ``out`` as a transformers folder; returns ``out``. ``adapters`` (a LoRA run): ``out`` holds
+    the source model as released and ``out/adapters`` the run's peft folder, unmerged."""
     save, out = Path(save_dir), Path(out)
     model, model_cfg, config = run_config(save)
     if out.exists():
@@ -67,14 +70,20 @@ def export_run_hf(save_dir: str | Path, out: str | Path, checkpoint: str | Path 
 
     processor = load_processor(processor_folder(config, model_cfg), "mmvl_export hf: the run's processor")
     source = str(model_cfg.get("path"))
+    lora = bool((model_cfg.get("lora") or {}).get("r"))
+    if adapters and not lora:
+        raise UserError(f"mmvl_export hf --adapters: the run trained no LoRA adapters (model_config.{model}.lora.r is "
+                        "null); export it without --adapters.")
     with quiet_loading():
-        hf = _weights(model, model_cfg, save, path, source)
+        hf = _source(model, source) if adapters else _weights(model, model_cfg, save, path, source)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = make_temp_dir(out.parent)
     try:
         hf.generation_config = _generation(hf, processor, model_cfg)
         hf.save_pretrained(str(tmp), max_shard_size=SHARD)
         processor.save_pretrained(str(tmp))
+        if adapters:
+            export_run_adapters(save, tmp / "adapters", checkpoint=path)
     except BaseException:
         remove_tree(tmp)
         raise
@@ -82,14 +91,19 @@ def export_run_hf(save_dir: str | Path, out: str | Path, checkpoint: str | Path 
     return str(out)
 
 
-def _weights(model: str, model_cfg: Mapping[str, Any], save: Path, path: Path, source: str) -> Any:
-    """The source folder's model with the run's weights in (LoRA merged)."""
+def _source(model: str, source: str) -> Any:
+    """The run's source model as released (``model_config.<model>.path``)."""
     from transformers import AutoModelForImageTextToText
 
     from mmvl.data.processors.vlm_processor import check_vlm_folder
 
     check_vlm_folder(source, f"mmvl_export hf: model_config.{model}.path")
-    hf = AutoModelForImageTextToText.from_pretrained(source, dtype=torch.float32, local_files_only=True)
+    return AutoModelForImageTextToText.from_pretrained(source, dtype=torch.float32, local_files_only=True)
+
+
+def _weights(model: str, model_cfg: Mapping[str, Any], save: Path, path: Path, source: str) -> Any:
+    """The source folder's model with the run's weights in (LoRA merged)."""
+    hf = _source(model, source)
     if (model_cfg.get("lora") or {}).get("r"):
         from peft import PeftModel
 

@@ -27,6 +27,9 @@ from transformers import AutoModelForImageTextToText, AutoProcessor
 
 folder, data = sys.argv[1], sys.argv[2]
 model = AutoModelForImageTextToText.from_pretrained(folder).eval()
+if len(sys.argv) > 3:  # the adapters beside the source weights, unmerged
+    from peft import PeftModel
+    model = PeftModel.from_pretrained(model, sys.argv[3]).eval()
 processor = AutoProcessor.from_pretrained(folder)
 answers = []
 for record in json.load(open(f"{data}/val.json")):
@@ -96,6 +99,12 @@ def test_the_exported_folder_loads_alone_and_answers_as_mmvl_predict(arch, lora,
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == predicted
     assert any(predicted)  # the trained model says something
+    if lora:  # unmerged: the source weights and the adapters beside them
+        assert export(["hf", str(tmp_path / "save"), str(tmp_path / "kept"), "--adapters"]) == 0
+        proc = subprocess.run([sys.executable, "-c", FRESH, str(tmp_path / "kept"), str(data),
+                               str(tmp_path / "kept" / "adapters")], capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert json.loads(proc.stdout.strip().splitlines()[-1]) == predicted
 
 
 def test_refusals_are_one_line(folders, tmp_path, capsys):
@@ -103,12 +112,27 @@ def test_refusals_are_one_line(folders, tmp_path, capsys):
     assert run(_keys(model, data, tmp_path / "save", "training.max_updates=2", "training.checkpoint_interval=2",
                      "run_type=train")) == 0
     capsys.readouterr()
+    torn = tmp_path / "torn.ckpt"
+    torn.write_bytes((tmp_path / "save" / "checkpoints" / "last.ckpt").read_bytes()[:200])
+    other = tmp_path / "other"  # a run of a model that cannot be written as a transformers folder
+    other.mkdir()
+    (other / "config.yaml").write_text("model: relation_network\n")
+    gone = tmp_path / "gone"  # a run whose processor folder is gone
+    gone.mkdir()
+    config = (tmp_path / "save" / "config.yaml").read_text()
+    (gone / "config.yaml").write_text(config.replace(str(model), str(tmp_path / "nowhere")))
     cases = {
         "not a run": (["hf", str(tmp_path), str(tmp_path / "o1")], "has no config.yaml"),
         "existing OUT": (["hf", str(tmp_path / "save"), str(tmp_path / "save")], "exists; give a new folder"),
         "missing checkpoint": (["hf", str(tmp_path / "save"), str(tmp_path / "o2"), "--best"], "is not a checkpoint"),
+        "corrupt checkpoint": (["hf", str(tmp_path / "save"), str(tmp_path / "o3"), "--checkpoint", str(torn)], "torn.ckpt"),
+        "a model that cannot be": (["hf", str(other), str(tmp_path / "o4")], "relation_network' cannot be written"),
+        "processor gone": (["hf", str(gone), str(tmp_path / "o5"), "--checkpoint",
+                            str(tmp_path / "save" / "checkpoints" / "last.ckpt")], "nowhere' is not a folder"),
+        "adapters of no LoRA": (["hf", str(tmp_path / "save"), str(tmp_path / "o6"), "--adapters"], "trained no LoRA"),
     }
     for name, (args, needle) in cases.items():
         assert export(args) == 2, name
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and needle in err[0], (name, err)
+        assert not any(p.name.startswith(".tmp") for p in tmp_path.iterdir()), name  # nothing left behind
