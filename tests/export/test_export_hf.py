@@ -14,7 +14,7 @@ import pytest
 from mmvl_cli.export import main as export
 from mmvl_cli.predict import main as predict
 from mmvl_cli.run import main as run
-from tests.fixtures.released_vlms import ARCHITECTURES, write_llava_set
+from tests.fixtures.released_vlms import folder_maker
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -60,16 +60,8 @@ print(json.dumps(answers))
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
-    root = tmp_path_factory.mktemp("export_hf")
-    data = write_llava_set(root / "data")
-    made: dict = {}
-
-    def get(arch: str):
-        if arch not in made:
-            made[arch] = ARCHITECTURES[arch][0](root / arch)
-        return made[arch], data
-
-    return get
+    """``folders(arch) -> (model folder, data folder)``, each written once."""
+    return folder_maker(tmp_path_factory.mktemp("export_hf"))
 
 
 def _keys(model: Path, data: Path, save: Path, *extra: str) -> list[str]:

@@ -15,7 +15,7 @@ from mmvl.config import load_config
 from mmvl.data.processors.vlm_processor import IMAGES, ROWS
 from mmvl.labels import IGNORE_INDEX
 from mmvl.losses import build_losses, compute_losses
-from tests.fixtures.released_vlms import ARCHITECTURES, write_llava_set
+from tests.fixtures.released_vlms import ARCHITECTURES, folder_maker
 
 ARCHS = sorted(ARCHITECTURES)
 
@@ -23,16 +23,7 @@ ARCHS = sorted(ARCHITECTURES)
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     """``folders(arch) -> (model folder, data folder)``, each written once."""
-    root = tmp_path_factory.mktemp("hf_vlm")
-    data = write_llava_set(root / "data")
-    made: dict[str, Path] = {}
-
-    def get(arch: str) -> tuple[Path, Path]:
-        if arch not in made:
-            made[arch] = ARCHITECTURES[arch][0](root / arch)
-        return made[arch], data
-
-    return get
+    return folder_maker(tmp_path_factory.mktemp("hf_vlm"))
 
 
 def opts(model: Path, data: Path, save: Path, *extra: str) -> list[str]:

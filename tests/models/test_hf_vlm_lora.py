@@ -9,7 +9,7 @@ import torch
 
 from mmvl.adapters import is_adapter
 from mmvl.config import load_config
-from tests.fixtures.released_vlms import ARCHITECTURES, write_llava_set
+from tests.fixtures.released_vlms import folder_maker
 from tests.models.test_hf_vlm import built, opts
 
 pytest.importorskip("peft")
@@ -17,16 +17,8 @@ pytest.importorskip("peft")
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
-    root = tmp_path_factory.mktemp("hf_vlm_lora")
-    data = write_llava_set(root / "data")
-    made: dict = {}
-
-    def get(arch: str):
-        if arch not in made:
-            made[arch] = ARCHITECTURES[arch][0](root / arch)
-        return made[arch], data
-
-    return get
+    """``folders(arch) -> (model folder, data folder)``, each written once."""
+    return folder_maker(tmp_path_factory.mktemp("hf_vlm_lora"))
 
 
 LORA = ["model_config.hf_vlm.lora.r=4", "model_config.hf_vlm.lora.alpha=8"]
