@@ -147,3 +147,25 @@ def test_a_train_val_run_ends_with_the_whole_split_scored(data, tmp_path):
     assert [r["update"] for r in val] == [2, 2]
     log = (save / "train.log").read_text()
     assert log.count("scored the first 5 of 12 samples") == 1
+
+
+def test_every_rank_knows_how_many_rows_the_busiest_rank_decodes_without_a_collective():
+    """Lockstep decoding (sharded parameters) decodes a batch round when any rank has a row to score:
+    that count comes from the positions alone. 5 samples over 2 ranks, batches of 2, the first 3 scored:
+    round one, rank 0 scores positions 0 and 2, rank 1 position 1; round two, none (position 4 is past
+    the cap), unless predictions are written (every real row)."""
+    from types import SimpleNamespace
+
+    from mmvl.trainers.evaluation.decoding import Decoding
+
+    class Metric:
+        generates = True
+
+    for rank in (0, 1):
+        env = SimpleNamespace(rank=rank, world_size=2, device=torch.device("cpu"))
+        engine = SimpleNamespace(env=env, strategy=SimpleNamespace(shards_parameters=True),
+                                 unwrap_model=lambda m: m)
+        decoding = Decoding(engine, torch.nn.Linear(1, 1), 5, [Metric()], cap=3)
+        assert decoding.lockstep
+        assert decoding.busiest(0, 2, written=False) == 2 and decoding.busiest(2, 2, written=False) == 0
+        assert decoding.busiest(2, 2, written=True) == 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -38,16 +39,27 @@ class Decoding:
             return 0
         return max(0, min(valid, owned(seen + size, self.limit, env) - owned(seen, self.limit, env)))
 
-    def run(self, batch: Mapping[str, Any], n: int) -> torch.Tensor | None:
+    def busiest(self, seen: int, size: int, written: bool) -> int:
+        """The most rows any rank decodes in this round of batches (``written``: every real row). Each
+        rank knows every rank's share from the positions alone (rank r holds positions r, r + W, ...;
+        every rank's batch of a round has the same size), so no collective is needed."""
+        env, most = self.engine.env, 0
+        for rank in range(env.world_size):
+            other = SimpleNamespace(rank=rank, world_size=env.world_size)
+            valid = max(0, min(size, owned(seen + size, self.total, other) - owned(seen, self.total, other)))
+            most = max(most, valid if written else self.rows(seen, size, valid, other))
+        return most
+
+    def run(self, batch: Mapping[str, Any], n: int, busiest: int = 0) -> torch.Tensor | None:
         """New token ids (``n x max_new_tokens``) of the batch's first ``n`` rows; None for none.
 
-        In lockstep (sharded parameters) every rank decodes the batch when any rank does (a rank with
-        no row of its own decodes one and drops it) and keeps stepping until every rank's rows have
-        ended (``synced_gpus``), so each forward's gathers meet on every rank."""
+        In lockstep (sharded parameters) every rank decodes the batch when any rank does (``busiest``:
+        :meth:`busiest`; a rank with no row of its own decodes one and drops it) and keeps stepping until
+        every rank's rows have ended (``synced_gpus``), so each forward's gathers meet on every rank."""
         if self.generate is None:
             return None
         if self.lockstep:
-            if not int(self.engine.all_reduce(torch.tensor([n], device=self.engine.env.device), "max").item()):
+            if not busiest:
                 return None
             size = batch_size_of(batch)
             with self.engine.autocast(), self.engine.strategy.decoding(self.model):

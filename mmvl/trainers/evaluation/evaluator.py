@@ -181,7 +181,8 @@ class _Fold:
             configured = self.evaluator.losses if "targets" in batch else []
             self.losses.add(output.get("losses") or {}, configured, batch, out, valid)
         written = writer is not None and self.decoding.generate is not None
-        generated = self.decoding.run(batch, valid if written else scored)  # a generative model's new token ids
+        busiest = self.decoding.busiest(seen, size, written) if self.decoding.lockstep else 0
+        generated = self.decoding.run(batch, valid if written else scored, busiest)  # a generative model's new ids
         if scored:
             texts = self.builder.generated_text(generated[:scored])
             for m in (m for m in self.active if m.generates):
