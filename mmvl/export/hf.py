@@ -65,10 +65,10 @@ def export_run_hf(save_dir: str | Path, out: str | Path, checkpoint: str | Path 
     if not path.is_file():
         raise UserError(f"mmvl_export: {str(path)!r} is not a checkpoint file; train the run until it saves one, or "
                         "give --checkpoint PATH.ckpt.")
-    from mmvl.data.processors.vlm_processor import load_processor
+    from mmvl.data.processors.vlm_processor import VLMProcessor
     from mmvl.models.modules.vlm_parts import quiet_loading
 
-    processor = load_processor(processor_folder(config, model_cfg), "mmvl_export hf: the run's processor")
+    processor = VLMProcessor(processor_folder(config, model_cfg))  # what the run's samples were made with
     source = str(model_cfg.get("path"))
     lora = bool((model_cfg.get("lora") or {}).get("r"))
     if adapters and not lora:
@@ -81,7 +81,7 @@ def export_run_hf(save_dir: str | Path, out: str | Path, checkpoint: str | Path 
     try:
         hf.generation_config = _generation(hf, processor, model_cfg)
         hf.save_pretrained(str(tmp), max_shard_size=SHARD)
-        processor.save_pretrained(str(tmp))
+        processor.processor.save_pretrained(str(tmp))
         if adapters:
             export_run_adapters(save, tmp / "adapters", checkpoint=path)
     except BaseException:
@@ -121,15 +121,11 @@ def _weights(model: str, model_cfg: Mapping[str, Any], save: Path, path: Path, s
 
 
 def _generation(hf: Any, processor: Any, model_cfg: Mapping[str, Any]) -> Any:
-    """The run's decoding (greedy or beams, its max_new_tokens) ending at the chat template's end of turn."""
-    from mmvl.data.processors.chat import ChatTemplate
-
-    end = ChatTemplate(processor, "mmvl_export hf", tokenizer=processor.tokenizer, image_token="<image>").end_id
+    """The run's decoding (greedy or beams, its max_new_tokens) ending at the chat template's end of
+    turn, with the pad id the run's batches used (``processor``: the run's ``hf_processor``)."""
     generation = dict(model_cfg.get("generation") or {})
     config = hf.generation_config
-    config.eos_token_id = end
-    pad = processor.tokenizer.pad_token_id
-    config.pad_token_id = pad if pad is not None else end
+    config.eos_token_id, config.pad_token_id = processor.end_id, processor.pad_token_id
     config.do_sample = False
     config.num_beams = int(generation.get("num_beams") or 1)
     config.max_new_tokens = int(generation.get("max_new_tokens") or 32)

@@ -51,6 +51,16 @@ def image_paths(image: Any, where: str) -> list[str]:
     return paths
 
 
+def stored_paths(cell: str) -> list[str]:
+    """A table's ``image`` cell as its paths (one a line; "" for a text-only sample)."""
+    return cell.split("\n") if cell else []
+
+
+def label_of(split: str) -> str:
+    """``train`` labels every assistant turn; ``val`` and ``test`` the last, which evaluation generates."""
+    return "all" if split == "train" else "last"
+
+
 def parse_llava(path: Path, name: str = "llava") -> Table:
     """A LLaVA JSON file as a table: ``sample_id``, ``image`` (its paths a line each, "" for text-only)
     and ``turns`` (the conversation as JSON ``[{"role", "content"}]``); every record checked, errors
@@ -101,14 +111,14 @@ class LlavaDataset(Dataset):
 
     def sample_lengths(self) -> list[int]:
         """About each conversation's tokens (``training.group_by_length``)."""
-        return [self.text_processor.length([t["content"] for t in json.loads(turns)], image.count("\n") + bool(image))
+        return [self.text_processor.length([t["content"] for t in json.loads(turns)], len(stored_paths(image)))
                 for turns, image in zip(self.records.column("turns"), self.records.column("image"))]
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         sample, image = self.records.column("sample_id")[index], self.records.column("image")[index]
         turns = json.loads(self.records.column("turns")[index])
         item: dict[str, Any] = {"id": index, "sample_id": sample, "answer": turns[-1]["content"]}
-        images = [self.decoded(path, sample) for path in image.split("\n")] if image else []
+        images = [self.decoded(path, sample) for path in stored_paths(image)]
         item.update(visual_sample(self.text_processor, self.image_processor, images, turns=turns, label=self.label,
                                   where=f"{self.name} sample {sample!r}", blank=self.blank))
         return item
@@ -161,7 +171,7 @@ class LlavaBuilder(GeneratesText, FileDatasetBuilder):
         folder = self.image_folder
         first: dict[str, Any] = {}  # image -> the first sample showing it
         for sample, paths in zip(records.column("sample_id").tolist(), records.column("image").tolist()):
-            for image in paths.split("\n") if paths else []:
+            for image in stored_paths(paths):
                 if not (folder / image).is_file():
                     raise UserError(f"{self.name} {split} sample {sample!r}: image {str(folder / image)!r} does not "
                                     f"exist; check dataset_config.{self.name}.image_folder.")
@@ -170,17 +180,15 @@ class LlavaBuilder(GeneratesText, FileDatasetBuilder):
             verify_images(((f"sample {sample!r}: {str(folder / image)!r}", functools.partial(decode_image, folder / image))
                            for image, sample in first.items()), f"{self.name} {split}")
         if takes_images(processor):  # every sample's image tokens fit (their count follows each image's size)
-            label = self.build(split).label
             for sample, paths, turns in zip(records.column("sample_id").tolist(), records.column("image").tolist(),
                                             records.column("turns").tolist()):
-                sizes = [image_size(folder / p, f"{self.name} {split} sample {sample!r}") for p in paths.split("\n")
-                         if p]
-                processor.check_fits(json.loads(turns), sizes, label, f"{self.name} {split} sample {sample!r}")
+                where = f"{self.name} {split} sample {sample!r}"
+                sizes = [image_size(folder / p, where) for p in stored_paths(paths)]
+                processor.check_fits(json.loads(turns), sizes, label_of(split), where)
         elif getattr(processor, "on_too_long", None) == "error":
-            dataset = self.build(split)
             for row in range(len(records)):
                 turns = json.loads(records.column("turns")[row])
-                processor.conversation(turns, bool(records.column("image")[row]), dataset.label,
+                processor.conversation(turns, bool(records.column("image")[row]), label_of(split),
                                        f"{self.name} {split} sample {records.column('sample_id')[row]!r}")
 
     def make_dataset(self, split: str, records: Table) -> Dataset:
@@ -189,7 +197,7 @@ class LlavaBuilder(GeneratesText, FileDatasetBuilder):
 
         blank = self.image_processor(Image.new("RGB", (size, size)))
         return LlavaDataset(records, self.image_folder, self.text_processor, self.image_processor,
-                            "all" if split == "train" else "last", torch.zeros_like(blank), self.name)
+                            label_of(split), torch.zeros_like(blank), self.name)
 
     def predictions(self, data: dict[str, Any], scores: Any) -> list[dict[str, Any]]:
         rows = super().predictions(data, scores)

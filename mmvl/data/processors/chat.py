@@ -57,6 +57,13 @@ def check_turns(turns: Sequence[dict[str, str]], images: int | bool, image_token
                         "give the sample an image.")
 
 
+def labelled_turns(turns: Sequence[dict[str, str]], label: str) -> list[bool]:
+    """Which turns are labelled: every assistant turn (``label: all``, training) or only the last turn
+    (``last``: the one evaluation generates and scores)."""
+    last = len(turns) - 1
+    return [t["role"] == "assistant" and (label == "all" or k == last) for k, t in enumerate(turns)]
+
+
 def image_first(turns: Sequence[dict[str, str]], image_token: str) -> list[dict[str, str]]:
     """The turns with their image placeholders moved to the start of the turn that holds them (in
     their order: one for each image)."""

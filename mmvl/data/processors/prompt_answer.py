@@ -20,7 +20,7 @@ from typing import Any, Iterable
 
 import torch
 
-from mmvl.data.processors.chat import ChatTemplate, check_turns, image_first
+from mmvl.data.processors.chat import ChatTemplate, check_turns, image_first, labelled_turns
 from mmvl.data.processors.vocab import SPECIAL_TOKENS, VocabProcessor
 from mmvl.errors import UserError, library_input
 from mmvl.labels import IGNORE_INDEX
@@ -150,8 +150,7 @@ class PromptAnswerProcessor:
         placeholder = self.image_token
         check_turns(turns, has_image, placeholder, where)
         turns = image_first(turns, placeholder)
-        last = len(turns) - 1
-        labelled = [t["role"] == "assistant" and (label == "all" or k == last) for k, t in enumerate(turns)]
+        labelled = labelled_turns(turns, label)
         if self.chat is not None:
             ids, mask = self.chat.tokens(turns, labelled)
             ids, mask = self._expand_image(ids, mask, has_image, where)

@@ -26,7 +26,7 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
-from mmvl.data.processors.chat import ChatTemplate, check_turns
+from mmvl.data.processors.chat import ChatTemplate, check_turns, labelled_turns
 from mmvl.errors import UserError, library_input
 from mmvl.labels import IGNORE_INDEX
 from mmvl.registry import register_processor
@@ -110,33 +110,31 @@ class VLMProcessor:
         pad = self.tok.pad_token_id
         self.pad_token_id = int(pad if pad is not None else self.chat.end_id)
         self._counts: dict[tuple[int, int], int] = {}  # image size -> its tokens (image_token_count)
-        self.several = False  # whether the processor takes several images a sample (the probe finds out)
-        self.kinds, self.trailing, self.image_tokens = self._probe()
+        self._probe()
 
-    def _probe(self) -> tuple[dict[str, str], dict[str, tuple[int, ...]], int]:
-        """Each image key's kind (``image``: rows concatenated over the batch; ``sample``: a batch axis)
-        and trailing shape, from the processor on two images of one sample; and about how many tokens
-        an image takes (``length``). A processor that takes one image a sample: every key ``image``."""
+    def _probe(self) -> None:
+        """What the processor makes of a blank image and of two in one sample: each image key's kind
+        (``image``: rows concatenated over the batch; ``sample``: a batch axis) and trailing shape,
+        whether it takes several images a sample (if not, every key is ``image`` and several are
+        refused), its per-token keys, and about how many tokens an image takes (``length``)."""
         from PIL import Image
 
         picture = Image.new("RGB", (224, 224), (127, 127, 127))
         one = self._call([picture])
-        kinds = {}
         try:
             two = self._call([picture, picture])
-        except Exception:  # noqa: BLE001 - an architecture of one image a sample; several are then refused
+        except Exception:  # noqa: BLE001 - an architecture of one image a sample
             two = None
+        #: whether the processor takes several images a sample
         self.several = two is not None
-        image_keys = set(self.processor.image_processor(images=[picture], return_tensors="pt").keys())
-        trailing = {}
-        for key in image_keys & set(one):
-            kinds[key] = "sample" if two is not None and two[key].shape[0] == 1 else "image"
-            trailing[key] = tuple(one[key].shape[2 if kinds[key] == "sample" else 1:])
+        image_keys = set(self.processor.image_processor(images=[picture], return_tensors="pt").keys()) & set(one)
+        self.kinds = {key: "sample" if two is not None and two[key].shape[0] == 1 else "image" for key in image_keys}
+        self.trailing = {key: tuple(one[key].shape[2 if kind == "sample" else 1:]) for key, kind in self.kinds.items()}
         #: the processor's per-token keys besides the tokens and their mask (e.g. token_type_ids)
-        self.token_keys = [k for k in one if k not in _TEXT_KEYS and k not in kinds]
+        self.token_keys = [k for k in one if k not in _TEXT_KEYS and k not in self.kinds]
         #: one blank image's tensors, the model's batch layout: what a batch without images carries, unplaced
-        self._unplaced = {key: one[key] for key in kinds}
-        return kinds, trailing, int(one["input_ids"].shape[1])
+        self._unplaced = {key: one[key] for key in self.kinds}
+        self.image_tokens = int(one["input_ids"].shape[1])
 
     def _call(self, images: Sequence[Any]) -> Any:
         with library_input("hf_processor: the processor does not take the image", "give RGB images it can read."):
@@ -191,9 +189,7 @@ class VLMProcessor:
         if len(images) > 1 and not self.several:
             raise UserError(f"{where}: {len(images)} images, and the processor in {self.path!r} takes one image a "
                             "sample; give one image per sample.")
-        last = len(turns) - 1
-        labelled = [t["role"] == "assistant" and (label == "all" or k == last) for k, t in enumerate(turns)]
-        ids, mask = self.chat.tokens(turns, labelled)
+        ids, mask = self.chat.tokens(turns, labelled_turns(turns, label))
         return self._sample(ids, mask, images, where)
 
     def image_token_count(self, size: tuple[int, int]) -> int:
@@ -209,9 +205,7 @@ class VLMProcessor:
                        label: str = "all") -> tuple[int, int]:
         """``(tokens, end of the last image's tokens)`` of the sample these turns and image sizes make,
         before ``max_length``: the text tokenised, each image counted by its size."""
-        last = len(turns) - 1
-        labelled = [t["role"] == "assistant" and (label == "all" or k == last) for k, t in enumerate(turns)]
-        ids, _ = self.chat.tokens(turns, labelled)
+        ids, _ = self.chat.tokens(turns, labelled_turns(turns, label))
         at = [i for i, v in enumerate(ids) if v == self.model_token_id]
         counts = [self.image_token_count((int(size[0]), int(size[1]))) for size in sizes]
         return len(ids) - len(at) + sum(counts), (at[-1] + 1 - len(at) + sum(counts)) if at else 0
