@@ -188,7 +188,7 @@ class LlavaBuilder(GeneratesText, FileDatasetBuilder):
         elif getattr(processor, "on_too_long", None) == "error":
             for row in range(len(records)):
                 turns = json.loads(records.column("turns")[row])
-                processor.conversation(turns, bool(records.column("image")[row]), label_of(split),
+                processor.conversation(turns, len(stored_paths(records.column("image")[row])), label_of(split),
                                        f"{self.name} {split} sample {records.column('sample_id')[row]!r}")
 
     def make_dataset(self, split: str, records: Table) -> Dataset:

@@ -178,3 +178,16 @@ def test_a_two_image_sample_places_each_image_at_its_placeholders_and_trains_the
     rows = [json.loads(line) for line in (tmp_path / "save" / "metrics.jsonl").read_text().splitlines()]
     losses = [r["answer_tokens"] for r in rows if r.get("split") == "train"]
     assert len(losses) == 6 and losses[-1] < losses[0]
+
+
+def test_the_start_of_run_length_check_counts_every_image_of_a_sample(files, tmp_path):
+    """on_too_long: error checks every sample at start: a two-image sample is two images there too
+    (it was counted as one, and refused for its second placeholder)."""
+    cfg = OmegaConf.load(ROOT / "configs" / "datasets" / "llava.yaml").dataset_config.llava
+    cfg = OmegaConf.merge(cfg, {"annotations": {"train": str(_two_image_file(files, tmp_path))},
+                                "image_folder": str(files["images"]),
+                                "processors": {"text_processor": {"params": {"tokenizer_path": str(files["tok"]),
+                                                                             "on_too_long": "error"}}}})
+    b = registry.DATASETS.get("llava")(cfg, str(tmp_path))
+    b.prepare_split("train")  # no error: every sample fits max_length 512
+    assert b.build("train")[0]["image"].shape[0] == 2
