@@ -112,3 +112,16 @@ def explicit_targets(module: Any, targets: str | list[str], skip: list[str]) -> 
 def is_adapter(key: str) -> bool:
     """Whether a parameter name is a LoRA adapter's (peft's ``lora_A``/``lora_B``)."""
     return ADAPTER_MARK in f".{key}"
+
+
+def merge_lora(model: torch.nn.Module) -> torch.nn.Module:
+    """Fold each LoRA adapter of ``model`` into the weight it adapts and put the plain layer back in
+    its place (what an export writes: the model as if it had trained whole, without peft)."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    for name, module in list(model.named_modules()):
+        if isinstance(module, BaseTunerLayer):
+            module.merge()
+            parent, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent) if parent else model, child, module.get_base_layer())
+    return model

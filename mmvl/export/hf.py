@@ -6,8 +6,9 @@ An ``hf_vlm`` run keeps its source folder's architecture: the folder's model get
 writes); the processor (tokenizer, image processor, chat template) is the one its data was made with;
 ``generation_config.json`` holds the run's decoding settings with the chat template's end-of-turn as
 the end token. With ``adapters``, a LoRA run's folder keeps the source weights and its adapters
-beside them, unmerged (``PeftModel.from_pretrained(model, OUT/adapters)``). The folder appears whole
-or not at all.
+beside them, unmerged (``PeftModel.from_pretrained(model, OUT/adapters)``). A run of mmvl's own
+``vlm`` whose parts are LLaVA's becomes a ``LlavaForConditionalGeneration`` folder
+(:mod:`mmvl.export.llava`). The folder appears whole or not at all.
 """
 from __future__ import annotations
 
@@ -22,10 +23,11 @@ from mmvl.checkpoint import load_checkpoint, schema
 from mmvl.config.files import read_yaml
 from mmvl.errors import UserError
 from mmvl.export.adapters import export_run_adapters
+from mmvl.export.llava import vlm_as_llava
 from mmvl.io import make_temp_dir, publish_dir, remove_tree
 
-#: the models a run of which exports as a transformers folder
-EXPORTABLE = ("hf_vlm",)
+#: the models a run of which exports as a transformers folder (vlm: as LLaVA, when its parts are LLaVA's)
+EXPORTABLE = ("hf_vlm", "vlm")
 #: safetensors shards past this size
 SHARD = "5GB"
 
@@ -65,23 +67,35 @@ def export_run_hf(save_dir: str | Path, out: str | Path, checkpoint: str | Path 
     if not path.is_file():
         raise UserError(f"mmvl_export: {str(path)!r} is not a checkpoint file; train the run until it saves one, or "
                         "give --checkpoint PATH.ckpt.")
-    from mmvl.data.processors.vlm_processor import VLMProcessor
     from mmvl.models.modules.vlm_parts import quiet_loading
 
-    processor = VLMProcessor(processor_folder(config, model_cfg))  # what the run's samples were made with
-    source = str(model_cfg.get("path"))
     lora = bool((model_cfg.get("lora") or {}).get("r"))
+    if adapters and model == "vlm":
+        raise UserError("mmvl_export hf --adapters: a vlm run exports as LLaVA with its adapters merged; export it "
+                        "without --adapters (its adapters alone: mmvl_export adapters).")
     if adapters and not lora:
         raise UserError(f"mmvl_export hf --adapters: the run trained no LoRA adapters (model_config.{model}.lora.r is "
                         "null); export it without --adapters.")
-    with quiet_loading():
-        hf = _source(model, source) if adapters else _weights(model, model_cfg, save, path, source)
+    if model == "vlm":  # mmvl's own VLM, as LLaVA
+        hf, hf_processor, text = vlm_as_llava(config, model_cfg, path)
+        ids = {"eos_token_id": text.end_id, "pad_token_id": text.model_info()["pad_token_id"],
+               "suppress_tokens": [text.model_info()["image_token_id"]]}  # vlm.generate never writes a placeholder
+    else:
+        from mmvl.data.processors.vlm_processor import VLMProcessor
+
+        processor = VLMProcessor(processor_folder(config, model_cfg))  # what the run's samples were made with
+        hf_processor = processor.processor
+        ids = {"eos_token_id": processor.end_id, "pad_token_id": processor.pad_token_id}
+        with quiet_loading():
+            source = str(model_cfg.get("path"))
+            hf = _source(model, source) if adapters else _weights(model, model_cfg, save, path, source)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = make_temp_dir(out.parent)
     try:
-        hf.generation_config = _generation(hf, processor, model_cfg)
-        hf.save_pretrained(str(tmp), max_shard_size=SHARD)
-        processor.processor.save_pretrained(str(tmp))
+        hf.generation_config = _generation(hf, ids, model_cfg)
+        with quiet_loading():  # no progress bar: the CLI prints one line
+            hf.save_pretrained(str(tmp), max_shard_size=SHARD)
+        hf_processor.save_pretrained(str(tmp))
         if adapters:
             export_run_adapters(save, tmp / "adapters", checkpoint=path)
     except BaseException:
@@ -120,12 +134,13 @@ def _weights(model: str, model_cfg: Mapping[str, Any], save: Path, path: Path, s
     return hf
 
 
-def _generation(hf: Any, processor: Any, model_cfg: Mapping[str, Any]) -> Any:
+def _generation(hf: Any, ids: Mapping[str, Any], model_cfg: Mapping[str, Any]) -> Any:
     """The run's decoding (greedy or beams, its max_new_tokens) ending at the chat template's end of
-    turn, with the pad id the run's batches used (``processor``: the run's ``hf_processor``)."""
+    turn, with the pad id the run's batches used (``ids``: those and any tokens it never writes)."""
     generation = dict(model_cfg.get("generation") or {})
     config = hf.generation_config
-    config.eos_token_id, config.pad_token_id = processor.end_id, processor.pad_token_id
+    for key, value in ids.items():
+        setattr(config, key, value)
     config.do_sample = False
     config.num_beams = int(generation.get("num_beams") or 1)
     config.max_new_tokens = int(generation.get("max_new_tokens") or 32)

@@ -121,3 +121,43 @@ class TorchvisionTransforms:
 
     def __repr__(self) -> str:
         return f"TorchvisionTransforms({self.transforms})"
+
+
+#: interpolations whose transformers counterpart is the same resampling (PIL's codes, as image processors read them)
+_RESAMPLE = {"NEAREST": 0, "BILINEAR": 2, "BICUBIC": 3}
+#: transforms that only change the image's type
+_CONVERSIONS = {"ToImage", "PILToTensor", "ToPureTensor"}
+
+
+def hf_image_processor_kwargs(transforms: Sequence[Any] | None, where: str) -> dict[str, Any]:
+    """A ``torchvision_transforms`` list as the arguments of a transformers image processor
+    (``CLIPImageProcessor``) that makes the same pixels: a Resize to a fixed height and width, the
+    scaling to [0, 1], a Normalize. Anything else is refused in one line naming it (an exported model
+    would see other pixels than it trained on). A Resize of the decoded image (before ``ToImage``)
+    resamples with PIL, transformers 5 with torch: pixels then differ by up to one grey level; after
+    ``ToImage`` they are equal."""
+    kwargs: dict[str, Any] = {"do_resize": False, "do_center_crop": False, "do_rescale": True,
+                              "rescale_factor": 1 / 255, "do_normalize": False, "do_convert_rgb": True}
+    scaled = False
+    for i, spec in enumerate(transforms or []):
+        name, params = component_spec(spec, f"{where}[{i}]")
+        if name in _CONVERSIONS:
+            continue
+        if name == "Resize" and not scaled:
+            size = params.get("size")
+            interp = str(params.get("interpolation", "bilinear")).upper().replace("INTERPOLATIONMODE.", "")
+            if not (isinstance(size, Sequence) and len(size) == 2) or interp not in _RESAMPLE \
+                    or params.get("antialias", True) is False or kwargs["do_resize"]:
+                raise UserError(f"{where}: Resize({params}) has no transformers equivalent; resize once to [height, "
+                                f"width] with interpolation {' | '.join(m.lower() for m in _RESAMPLE)} (antialias on).")
+            kwargs.update(do_resize=True, size={"height": int(size[0]), "width": int(size[1])},
+                          resample=_RESAMPLE[interp])
+        elif name == "ToDtype" and params.get("scale") and str(params.get("dtype", "")).endswith("float32"):
+            scaled = True
+        elif name == "Normalize" and scaled and not kwargs["do_normalize"]:
+            kwargs.update(do_normalize=True, image_mean=[float(v) for v in params["mean"]],
+                          image_std=[float(v) for v in params["std"]])
+        else:
+            raise UserError(f"{where}: {name} (transform {i}) has no transformers image processor equivalent here; an "
+                            "exportable pipeline is Resize([H, W]), ToImage, ToDtype(float32, scale), Normalize.")
+    return kwargs

@@ -21,7 +21,14 @@ from mmvl.labels import IGNORE_INDEX
 
 
 def grid_tokens(grid: torch.Tensor, shuffle: int = 1) -> torch.Tensor:
-    """``B x C x h x w`` -> ``B x (h/f * w/f) x (C * f * f)`` tokens, row by row (``f = shuffle``)."""
+    """``B x C x h x w`` -> ``B x (h/f * w/f) x (C * f * f)`` tokens, row by row (``f = shuffle``);
+    ``B x N x C`` tokens that are no grid (an encoder's class token kept) pass as they are."""
+    if grid.dim() == 3:
+        if shuffle > 1:
+            raise UserError(f"vlm: pixel_shuffle={shuffle} needs an image grid, and the encoder gives {grid.size(1)} "
+                            "tokens that are not one (e.g. hf_vision's full strategy keeps the class token); set "
+                            "pixel_shuffle: 1 or vision_feature_select_strategy: default.")
+        return grid
     if shuffle > 1:
         h, w = grid.shape[-2:]
         if h % shuffle or w % shuffle:
