@@ -4,7 +4,8 @@ hf: writes an hf_vlm run as a transformers folder (the source folder's architect
 weights, LoRA merged; its processor with the chat template; generation_config.json ending at the
 template's end of turn) that AutoModelForImageTextToText and AutoProcessor load, vLLM serves and
 lmms-eval scores. --adapters (a LoRA run): the source weights as released, and the adapters in
-OUT/adapters, unmerged.
+OUT/adapters, unmerged. A vlm run on an hf_vision tower (projects/vlm/configs/llava/clip.yaml) is
+written as LlavaForConditionalGeneration.
 
 adapters: writes the LoRA adapters a run trained (model_config.<model>.lora) as a peft adapter folder:
 adapter_config.json and adapter_model.safetensors, which
