@@ -128,7 +128,11 @@ def _fake_run(folder: Path, model_cfg: dict, text_params: dict, image: dict | No
 
     (folder / "checkpoints").mkdir(parents=True)
     (folder / "checkpoints" / "last.ckpt").write_bytes(b"not read")
+    from omegaconf import OmegaConf
+
     image = image or {"type": "torchvision_transforms", "params": {"transforms": ["ToImage"]}}
+    shipped = OmegaConf.load(ROOT / "configs" / "models" / "vlm.yaml").model_config.vlm  # a saved config holds it all
+    model_cfg = OmegaConf.to_container(OmegaConf.merge(shipped, model_cfg))
     config = {"model": "vlm", "model_config": {"vlm": model_cfg}, "dataset_config": {"llava": {"processors": {
         "text_processor": {"type": "prompt_answer", "params": text_params}, "image_processor": image}}}}
     (folder / "config.yaml").write_text(yaml.safe_dump(config))
@@ -152,6 +156,10 @@ def test_a_vlm_that_does_not_map_onto_llava_is_one_line(files, tmp_path, capsys)
         "words": ({"image_encoder": tower}, {"image_tokens": 16}, None, "has no tokenizer_path"),
         "no template": ({"image_encoder": tower}, {"image_tokens": 16, "tokenizer_path": str(plain)}, None,
                         "has no chat_template"),
+        "tokenizer gone": ({"image_encoder": tower}, {"image_tokens": 16, "tokenizer_path": str(tmp_path / "nowhere")},
+                           None, "nowhere' is not a folder"),
+        "tower gone": ({"image_encoder": {"type": "hf_vision", "params": {"path": str(tmp_path / "no_tower")}},
+                        "language_model": {"path": str(files["lm"])}}, text, None, "no_tower' is not a folder"),
         "random flips": ({"image_encoder": tower}, text, {"type": "torchvision_transforms", "params": {
             "transforms": ["ToImage", "RandomHorizontalFlip"]}}, "RandomHorizontalFlip"),
     }

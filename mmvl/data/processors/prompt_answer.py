@@ -16,6 +16,7 @@ words plus ``<image>``).
 """
 from __future__ import annotations
 
+import os
 from typing import Any, Iterable
 
 import torch
@@ -58,9 +59,12 @@ class _HF:
     def __init__(self, path: str, image_token: str):
         from transformers import AutoTokenizer
 
+        if not os.path.isdir(os.path.expanduser(str(path))):
+            raise UserError(f"prompt_answer: tokenizer_path={str(path)!r} is not a folder; give the LM's local folder "
+                            "(a tokenizer written by save_pretrained).")
         with library_input(f"prompt_answer: tokenizer_path={str(path)!r} does not load",
                            "give a folder written by a tokenizer's save_pretrained."):
-            self.tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+            self.tok = AutoTokenizer.from_pretrained(os.path.expanduser(str(path)), local_files_only=True)
         found = self.tok.convert_tokens_to_ids(image_token)
         if found is None or (found == self.tok.unk_token_id and image_token != self.tok.unk_token):
             raise UserError(f"prompt_answer: the tokenizer in {path!r} has no token {image_token!r}; add it "

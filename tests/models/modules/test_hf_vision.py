@@ -82,3 +82,19 @@ def test_a_folder_of_another_model_and_a_wrong_image_size_are_one_line(towers, t
     encoder = build_image_encoder({"type": "hf_vision", "params": {"path": str(towers["clip_vision_model"])}})
     with pytest.raises(UserError, match="set the dataset's image size"):
         encoder(torch.randn(1, 3, 48, 48))
+
+
+def test_activation_checkpointing_recomputes_the_same_gradients(towers):
+    spec = {"type": "hf_vision", "params": {"path": str(towers["clip_vision_model"])}}
+    images = torch.randn(2, 3, IMAGE_SIZE, IMAGE_SIZE)
+    grads = []
+    for checkpointed in (False, True):
+        encoder = build_image_encoder(spec).train()
+        if checkpointed:
+            encoder.enable_gradient_checkpointing()
+            assert encoder.model.is_gradient_checkpointing
+        encoder(images).square().mean().backward()
+        grads.append({n: p.grad for n, p in encoder.named_parameters() if p.requires_grad})
+    assert grads[0].keys() == grads[1].keys()
+    for name in grads[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name], rtol=1e-5, atol=1e-6)
