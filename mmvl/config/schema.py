@@ -83,6 +83,8 @@ class Training:
     persistent_workers: bool = knob(True, safe=True)
     prefetch: bool = knob(True, safe=True)
     group_by_length: bool = knob(False)
+    packing: bool = knob(False, safe=True)  # the same samples each update, the same loss: only their rows change
+    packing_length: Optional[int] = knob(None, safe=True, positive=True)
     max_updates: Optional[int] = knob(22000, safe=True, positive=True)
     max_epochs: Optional[float] = knob(None, safe=True, positive=True)
     log_interval: int = knob(100, safe=True)

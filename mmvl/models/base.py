@@ -46,6 +46,9 @@ class BaseModel(torch.nn.Module):
     #: set by a strategy whose every forward is a collective per shard unit (FSDP): then each part must
     #: run in every forward, on every rank, even where the batch does not need it (a batch without images)
     every_part_each_forward: bool = False
+    #: whether forward takes packed rows (``training.packing``, :mod:`mmvl.data.packing`): several samples a row,
+    #: ``position_ids`` restarting at each, the images in placeholder order
+    packs_samples: ClassVar[bool] = False
 
     def __init__(self, config: DictConfig):
         super().__init__()

@@ -25,7 +25,8 @@ from mmvl.errors import UserError, library_input
 from mmvl.models.base import BaseModel
 from mmvl.models.modules.image_encoders import build_image_encoder
 from mmvl.models.modules.vlm_parts import (Projector, checkpoint_transformers, fixed_width, grid_tokens, left_align,
-                                           load_causal_lm, prompt_mask, splice_image_tokens)
+                                           lm_packed_inputs, load_causal_lm, prompt_mask, splice_image_tokens,
+                                           splice_in_order)
 from mmvl.registry import register_model
 
 
@@ -36,6 +37,7 @@ class VLM(BaseModel):
     config_path = "models/vlm.yaml"
     PARTS = {"image_encoder": ("image_encoder",), "projector": ("projector",), "language_model": ("lm",)}
     HEAD = ("projector",)
+    packs_samples = True  # forward takes packed rows (mmvl.data.packing)
 
     def __init__(self, config: DictConfig):
         super().__init__(config)
@@ -106,6 +108,12 @@ class VLM(BaseModel):
 
     def forward(self, batch: dict[str, Any]) -> dict[str, Any]:
         ids = batch["input_ids"]
+        if batch.get("position_ids") is not None:  # packed rows (training.packing): images in placeholder order
+            embeds = self.lm.get_input_embeddings()(ids.masked_fill(ids.eq(self.image_token_id), 0))
+            embeds = splice_in_order(embeds, ids, self.image_tokens(batch["image"]), self.image_token_id)
+            out = self.lm(inputs_embeds=embeds, use_cache=False,
+                          **lm_packed_inputs(self.lm, batch["position_ids"], embeds.dtype))
+            return {"scores": out.logits}
         embeds = self.embed(ids, batch["image"])
         out = self.lm(inputs_embeds=embeds, attention_mask=batch.get("attention_mask"), use_cache=False)
         return {"scores": out.logits}

@@ -114,10 +114,12 @@ def build_parts(config: Any, env: DistEnv | None = None) -> RunParts:
         raise UserError(f"training.batch_size={t.batch_size} is not divisible by the world size "
                         f"{env.world_size}; use a multiple of {env.world_size}.")
     batch_size = int(t.batch_size) // env.world_size
+    check_packing(t)
     builders = datasets_from(run.datasets, run.env)
     prepare_data(engine, builders, run.stages)
     model = model_from(run.model, builders, bool(t.gradient_checkpointing),
                        checkpointing=not engine.strategy.handles_gradient_checkpointing)
+    check_packing(t, model, run.model.name)
     load_pretrained(engine, model, config)  # checkpoint.resume_pretrained: weights only, before wrapping
     losses = build_losses(list(filled_model_config(run.model, builders).get("losses") or []))
     optimizer = build_optimizer(model, optimizer_section(config), env.device, batch_size=int(t.batch_size))
@@ -185,7 +187,7 @@ def training_stream(training: schema.Training, multitasking: Any, engine: Engine
     the GPU ahead. ``training``: the typed section (seed, workers, pinning, length grouping)."""
     t, env = training, engine.env
     streams = {name: train_stream(
-        b.build("train"), batch_size=batch_size, collate_fn=b.collate,
+        b.build("train"), batch_size=batch_size, collate_fn=packer(b, name, t.packing_length) if t.packing else b.collate,
         seed=int(t.seed), rank=env.rank, world_size=env.world_size,
         num_workers=int(t.num_workers), pin_memory=resolve_pin_memory(t.pin_memory, env.device),
         persistent_workers=bool(t.persistent_workers), name=name, group_by_length=bool(t.group_by_length))
@@ -198,6 +200,29 @@ def training_stream(training: schema.Training, multitasking: Any, engine: Engine
     if env.device.type == "cuda" and engine.prefetch:  # copy the next batch on a side stream
         stream = DevicePrefetcher(stream, env.device)
     return stream
+
+
+def packer(builder: Any, name: str, length: int | None) -> Any:
+    """``builder``'s collate of packed rows (``training.packing``), or a one-line refusal."""
+    make = getattr(builder, "packer", None)
+    if make is None:
+        raise UserError(f"training.packing=true, but dataset {name!r} makes no token samples to pack (packing is for "
+                        "generative datasets: a prompt_answer text processor); set training.packing=false.")
+    return make(length)
+
+
+def check_packing(training: schema.Training, model: Any = None, model_name: str = "") -> None:
+    """``training.packing`` with what the run chose: not ``group_by_length`` (both answer padding: one
+    by the rows, one by the order; checked before any data is prepared) and, once ``model`` is built,
+    a model whose forward takes packed rows."""
+    if not training.packing:
+        return
+    if training.group_by_length:
+        raise UserError("training.packing=true with training.group_by_length=true: both cut padding (packing keeps the "
+                        "random order, grouping changes it); set training.group_by_length=false.")
+    if model is not None and not getattr(model, "packs_samples", False):
+        raise UserError(f"training.packing=true, but model {model_name} takes no packed rows; set "
+                        "training.packing=false (packing runs on model vlm).")
 
 
 def run_length(training: Any, train_data: Any | None, accumulation: int) -> int:

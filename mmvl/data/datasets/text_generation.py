@@ -3,11 +3,13 @@ text processor, and prediction rows that carry their reference, so a predictions
 (:mod:`mmvl.metrics.generation`) without the dataset."""
 from __future__ import annotations
 
+import functools
 from types import MappingProxyType
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
+from mmvl.data.packing import pack
 from mmvl.data.processors.vlm_processor import IMAGES
 from mmvl.errors import UserError
 from mmvl.labels import IGNORE_INDEX
@@ -79,6 +81,21 @@ class GeneratesText:
             if joined is not None:
                 batch[IMAGES] = joined
         return batch
+
+    def packer(self, length: int | None = None) -> Callable[[list[dict[str, Any]]], dict[str, Any]]:
+        """The collate of ``training.packing``: the samples in shared rows of up to ``length`` tokens
+        (``training.packing_length``; None: the text processor's ``max_length``; :mod:`mmvl.data.packing`)."""
+        processor = self.text_processor
+        if takes_images(processor):
+            raise UserError(f"training.packing=true: dataset {self.name}'s hf_processor (a released VLM's) cannot "  # type: ignore[attr-defined]
+                            "pack yet; set training.packing=false (packing runs on model vlm with prompt_answer).")
+        if length is not None and int(length) < int(processor.max_length):
+            raise UserError(f"training.packing_length={length} is shorter than dataset {self.name}'s max_length="  # type: ignore[attr-defined]
+                            f"{processor.max_length} (a sample may be that long); set it to at least "
+                            f"{processor.max_length}, or null.")
+        info = processor.model_info()
+        return functools.partial(pack, capacity=int(length or processor.max_length), pad_id=int(info["pad_token_id"]),
+                                 image_token_id=int(info["image_token_id"]), image_tokens=int(info["image_tokens"]))
 
     def model_info(self) -> dict[str, int]:
         return self.text_processor.model_info()

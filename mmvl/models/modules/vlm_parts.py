@@ -98,6 +98,42 @@ def splice_image_tokens(embeds: torch.Tensor, input_ids: torch.Tensor, image: to
     return torch.where(where.unsqueeze(-1), picked, embeds)
 
 
+def splice_in_order(embeds: torch.Tensor, input_ids: torch.Tensor, tokens: torch.Tensor, token_id: int) -> torch.Tensor:
+    """``embeds`` with the positions at ``input_ids == token_id``, row by row, taking ``tokens``' rows
+    (``N x T x hidden``: every image's tokens, in the order of the placeholders) one after another:
+    packed rows (:mod:`mmvl.data.packing`), where a row holds several samples' images. Tokens past
+    the last placeholder (a blank image a text-only batch encodes) are placed nowhere."""
+    where = input_ids.eq(token_id).unsqueeze(-1)
+    return embeds.masked_scatter(where, tokens.to(embeds.dtype).reshape(-1, tokens.size(-1)))
+
+
+def packed_attention_mask(position_ids: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``rows x 1 x L x L``: each position attends to the earlier positions of its own sample (a sample
+    starts where its ``position_ids`` restart at 0): bool (True: attends; what sdpa takes) or, with
+    ``dtype``, additive (0 or the dtype's lowest; what eager attention adds). Built on the device from
+    the positions alone: no host wait."""
+    length = position_ids.size(-1)
+    segment = position_ids.eq(0).cumsum(-1)
+    same = segment.unsqueeze(-1).eq(segment.unsqueeze(-2))
+    causal = torch.ones(length, length, dtype=torch.bool, device=position_ids.device).tril()
+    allowed = (same & causal).unsqueeze(1)
+    if dtype is None:
+        return allowed
+    return torch.zeros(allowed.shape, dtype=dtype, device=position_ids.device).masked_fill(~allowed,
+                                                                                        torch.finfo(dtype).min)
+
+
+def lm_packed_inputs(lm: nn.Module, position_ids: torch.Tensor, dtype: torch.dtype) -> dict[str, Any]:
+    """What a transformers LM takes for packed rows: the positions, and the block-diagonal causal mask
+    its attention reads (sdpa: bool; eager: additive); flash attention reads the positions alone
+    (variable-length attention)."""
+    impl = str(getattr(lm.config, "_attn_implementation", "sdpa") or "sdpa")
+    if impl.startswith("flash"):
+        return {"position_ids": position_ids, "attention_mask": None}
+    return {"position_ids": position_ids,
+            "attention_mask": packed_attention_mask(position_ids, None if impl == "sdpa" else dtype)}
+
+
 def left_align(input_ids: torch.Tensor, mask: torch.Tensor, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-padded rows -> the same rows left-padded (what batched decoding continues from)."""
     length = input_ids.size(1)
