@@ -14,7 +14,7 @@ weighting: one update on packed rows computes what the padded batch does.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -54,37 +54,53 @@ def sample_images(item: dict[str, Any], image_token_id: int, image_tokens: int) 
     return [image] if image.dim() == 3 else list(image[:placed])
 
 
-def pack(items: Sequence[dict[str, Any]], *, capacity: int, pad_id: int, image_token_id: int,
-         image_tokens: int) -> dict[str, Any]:
-    """The packed batch of ``items`` (samples with 1-D ``input_ids`` and ``targets``, and ``image``):
-    ``input_ids``, ``targets`` and ``position_ids`` (rows x the longest row), ``image`` (every placed
-    image, ``N x C x H x W``: at least one, a text-only batch's blank placed nowhere, so the image
-    encoder runs in every forward as it does on padded batches), ``id`` (the samples, row by row)."""
+def placed_images(rows: list[list[dict[str, Any]]], *, image_token_id: int, image_tokens: int) -> dict[str, Any]:
+    """``image``: every image the rows' samples place, ``N x C x H x W``, in their order (mmvl's own
+    ``vlm``); a batch without any: one text-only sample's blank, placed nowhere, so the image encoder
+    runs in every forward as it does on padded batches."""
+    images = [image for row in rows for item in row for image in sample_images(item, image_token_id, image_tokens)]
+    if not images:
+        blank = next((item["image"] for row in rows for item in row if isinstance(item.get("image"), torch.Tensor)),
+                     None)
+        if blank is None:
+            return {}
+        images = [blank if blank.dim() == 3 else blank[0]]
+    return {"image": torch.stack(images)}
+
+
+def _per_token_keys(item: dict[str, Any]) -> list[str]:
+    """The keys of ``item`` holding one value a token (``input_ids``, ``targets``, a processor's
+    ``token_type_ids``, ...), its ``attention_mask`` aside: packed rows need none."""
+    n = item["input_ids"].numel()
+    return [k for k, v in item.items() if isinstance(v, torch.Tensor) and v.dim() == 1 and v.numel() == n
+            and k != "attention_mask"]
+
+
+def pack(items: Sequence[dict[str, Any]], *, capacity: int, pad_id: int,
+         images: Callable[[list[list[dict[str, Any]]]], dict[str, Any]]) -> dict[str, Any]:
+    """The packed batch of ``items`` (samples with 1-D ``input_ids`` and ``targets``): their per-token
+    keys and ``position_ids`` (rows x the longest row; ``input_ids`` padded with ``pad_id``, ``targets``
+    with -100, the rest with 0), ``id`` (the samples, row by row) and what ``images`` makes of the
+    rows' samples (the image tensors, in the order their placeholders appear, row by row)."""
     lengths = [int(item["input_ids"].numel()) for item in items]
     rows = plan_rows(lengths, capacity)
     width = max(sum(lengths[i] for i in row) for row in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    targets = torch.full((len(rows), width), IGNORE_INDEX, dtype=torch.long)
+    pads = {"input_ids": pad_id, "targets": IGNORE_INDEX}
+    batch: dict[str, Any] = {key: torch.full((len(rows), width), pads.get(key, 0), dtype=items[0][key].dtype)
+                             for key in _per_token_keys(items[0])}
     positions = torch.zeros((len(rows), width), dtype=torch.long)
-    images: list[torch.Tensor] = []
     order = []
     for r, row in enumerate(rows):
         at = 0
         for i in row:
             n, item = lengths[i], items[i]
-            ids[r, at: at + n] = item["input_ids"]
-            targets[r, at: at + n] = item["targets"]
-            targets[r, at] = IGNORE_INDEX  # predicted from the previous sample's last token: never a label
+            for key in batch:
+                batch[key][r, at: at + n] = item[key]
+            batch["targets"][r, at] = IGNORE_INDEX  # predicted from the previous sample's last token: never a label
             positions[r, at: at + n] = torch.arange(n)
-            images += sample_images(item, image_token_id, image_tokens)
             order.append(item.get("id", i))
             at += n
         positions[r, at:] = torch.arange(width - at)  # the padding: a sequence of its own, never a label
-    if not images:
-        blank = next((item["image"] for item in items if isinstance(item.get("image"), torch.Tensor)), None)
-        if blank is not None:
-            images = [blank if blank.dim() == 3 else blank[0]]
-    batch: dict[str, Any] = {"input_ids": ids, "targets": targets, "position_ids": positions, "id": order}
-    if images:
-        batch["image"] = torch.stack(images)
+    batch.update(position_ids=positions, id=order)
+    batch.update(images([[items[i] for i in row] for row in rows]))
     return batch

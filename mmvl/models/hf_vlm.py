@@ -23,7 +23,8 @@ from omegaconf import DictConfig
 from mmvl.data.processors.vlm_processor import IMAGES, ROWS, UNPLACED, check_vlm_folder
 from mmvl.errors import UserError, library_input
 from mmvl.models.base import BaseModel, under_prefix
-from mmvl.models.modules.vlm_parts import checkpoint_transformers, fixed_width, left_align, prompt_mask, quiet_loading
+from mmvl.models.modules.vlm_parts import (checkpoint_transformers, fixed_width, left_align, lm_packed_inputs,
+                                           prompt_mask, quiet_loading)
 from mmvl.models.vlm import check_generation
 from mmvl.registry import register_model
 
@@ -79,6 +80,13 @@ def tensors_of(output: Any) -> list[torch.Tensor]:
 
 
 #: forward arguments mmvl sets itself (or never): the tokens, their mask, labels (mmvl's loss reads ``targets``), caches
+#: the architectures whose packed rows are checked equal to padded batches (tests/data/test_packing.py)
+PACKABLE = ("llava", "idefics3")
+#: what keeps others from packing
+PACKING_BLOCKERS = {"qwen2_vl": "its multimodal rotary positions are not restarted per sample",
+                    "qwen2_5_vl": "its multimodal rotary positions are not restarted per sample",
+                    "paligemma": "its prefix attends both ways, which a causal block mask does not",
+                    "gemma3": "its image tokens attend both ways, which a causal block mask does not"}
 _NOT_FROM_BATCH = ("input_ids", "attention_mask", "labels", "inputs_embeds", "past_key_values", "use_cache",
                    "cache_position", "logits_to_keep", "pixel_values")
 
@@ -145,9 +153,25 @@ class HFVLM(BaseModel):
             kwargs.update({k: v for k, v in images.items() if k != ROWS})
         return kwargs
 
+    @property
+    def packs_samples(self) -> bool:  # type: ignore[override]
+        return self.packing_blocker() is None
+
+    def packing_blocker(self) -> str | None:
+        """Why this architecture cannot train on packed rows (None: it can): its image features must
+        go to the placeholders row by row and its text positions be plain per-token ones."""
+        kind = str(self.model.config.model_type)
+        if kind in PACKABLE:
+            return None
+        return (f"hf_vlm's {kind} cannot train on packed rows yet ({PACKING_BLOCKERS.get(kind, 'not checked')}); "
+                f"packing runs on {', '.join(PACKABLE)}")
+
     def forward(self, batch: dict[str, Any]) -> dict[str, Any]:
         unused = self.unplaced_features(batch)  # first: where the other ranks' forwards encode their images
-        logits = self.model(**self.inputs(batch), use_cache=False).logits
+        kwargs = self.inputs(batch)
+        if batch.get("position_ids") is not None:  # packed rows (training.packing): attention within each sample
+            kwargs.update(lm_packed_inputs(self.model.config.get_text_config(), batch["position_ids"], torch.float32))
+        logits = self.model(**kwargs, use_cache=False).logits
         return {"scores": logits if unused is None else logits + 0.0 * unused}
 
     def unplaced_features(self, batch: dict[str, Any]) -> torch.Tensor | None:

@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mmvl.data.packing import pack, plan_rows
+import functools
+
+from mmvl.data.packing import pack, placed_images, plan_rows
 from mmvl.errors import UserError
 from mmvl.labels import IGNORE_INDEX
 from mmvl.losses.tokens import AnswerTokensLoss
@@ -55,6 +57,10 @@ def _conversations(proc, gen):
     return out
 
 
+def _images(info):
+    return functools.partial(placed_images, image_token_id=info["image_token_id"], image_tokens=info["image_tokens"])
+
+
 def _padded(proc, items):
     """The padded batch: a sample with one image next to one with two gets its image as 1 x C x H x W."""
     items = [dict(it, image=it["image"].unsqueeze(0)) if it["image"].dim() == 3 else it for it in items]
@@ -65,8 +71,7 @@ def test_the_packed_batch_holds_each_sample_with_positions_restarting(lm):
     proc = tiny_vlm.processor(lm, max_length=128)
     items = _conversations(proc, torch.Generator().manual_seed(0))
     info = proc.model_info()
-    batch = pack(items, capacity=96, pad_id=info["pad_token_id"], image_token_id=info["image_token_id"],
-                 image_tokens=info["image_tokens"])
+    batch = pack(items, capacity=96, pad_id=info["pad_token_id"], images=_images(info))
     assert batch["image"].shape[0] == sum(0 if i % 4 == 3 else (2 if i % 4 == 2 else 1) for i in range(9))
     starts = batch["position_ids"].eq(0)
     real = batch["input_ids"].ne(info["pad_token_id"])
@@ -81,8 +86,7 @@ def test_one_update_on_packed_rows_equals_the_padded_batch(lm, attn):
     proc = tiny_vlm.processor(lm, max_length=128)
     items = _conversations(proc, torch.Generator().manual_seed(1))
     info = proc.model_info()
-    packed = pack(items, capacity=96, pad_id=info["pad_token_id"], image_token_id=info["image_token_id"],
-                  image_tokens=info["image_tokens"])
+    packed = pack(items, capacity=96, pad_id=info["pad_token_id"], images=_images(info))
     padded = _padded(proc, items)
     assert packed["input_ids"].numel() < padded["input_ids"].numel()
     results = []
@@ -174,3 +178,52 @@ def test_a_model_that_takes_no_packed_rows_is_one_line(tmp_path, capsys):
     assert run([*toy_opts(tmp_path), "training.packing=true", "training.max_updates=1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "model toy_mlp takes no packed rows" in err[0], err
+
+
+# --- hf_vlm: a released VLM's processor and model (tests/fixtures/released_vlms) ---
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    from tests.fixtures.released_vlms import folder_maker
+
+    return folder_maker(tmp_path_factory.mktemp("packing_hf"))
+
+
+@pytest.mark.parametrize("arch", ["llava", "idefics3"])
+def test_hf_vlm_one_update_on_packed_rows_equals_the_padded_batch(arch, folders, tmp_path):
+    from mmvl.losses import compute_losses
+    from tests.models.test_hf_vlm import built
+
+    short = "dataset_config.llava.processors.text_processor.params.max_length=200"  # several rows
+    builder, _, losses = built(folders, arch, tmp_path, short)
+    train = builder.build("train")
+    items = [train[i] for i in range(len(train))][:10]  # two images in one, text-only ones, one to two turns
+    padded, packed = builder.collate(items), builder.packer(200)(items)
+    assert packed["input_ids"].numel() < padded["input_ids"].numel() and 1 < packed["input_ids"].size(0) < len(items)
+    results = []
+    for batch in (padded, packed):
+        _, model, _ = built(folders, arch, tmp_path, short)  # the same seed: the same weights
+        model.train()
+        for _, loss_fn in losses:
+            loss_fn.begin_update([batch])
+        loss = sum(compute_losses(losses, batch, model(batch)).values())
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    (loss_a, grads_a), (loss_b, grads_b) = results
+    torch.testing.assert_close(loss_b, loss_a, rtol=1e-5, atol=0)
+    assert grads_a.keys() == grads_b.keys()
+    for name in grads_a:
+        torch.testing.assert_close(grads_b[name], grads_a[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("arch, needle", [("qwen2_vl", "multimodal rotary positions"), ("paligemma", "attends both ways")])
+def test_hf_vlm_architectures_that_cannot_pack_are_one_line(arch, needle, folders, tmp_path, capsys):
+    from mmvl_cli.run import main as run
+    from tests.models.test_hf_vlm import opts
+
+    model, data = folders(arch)
+    capsys.readouterr()  # what writing the folder printed
+    assert run(opts(model, data, tmp_path / "save", "training.packing=true", "training.max_updates=1",
+                    "run_type=train")) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[-1], err

@@ -9,7 +9,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from mmvl.data.packing import pack
+from mmvl.data.packing import pack, placed_images
 from mmvl.data.processors.vlm_processor import IMAGES
 from mmvl.errors import UserError
 from mmvl.labels import IGNORE_INDEX
@@ -43,6 +43,18 @@ def visual_sample(text_processor: Any, image_processor: Any, images: Sequence[An
     else:
         out["image"] = image_processor(images[0]) if images else blank
     return out
+
+
+def row_images(processor: Any, rows: list[list[dict[str, Any]]]) -> dict[str, Any]:
+    """``images``: a released VLM processor's image tensors of packed rows, each row's samples' tensors
+    joined in their order, then batched by kind as the processor batches samples (a row is one sample
+    to it: its per-image keys concatenated, its per-sample keys padded to the row with the most)."""
+    joined = []
+    for row in rows:
+        parts = [item[IMAGES] for item in row if item.get(IMAGES) is not None]
+        joined.append({key: torch.cat([p[key] for p in parts], 0) for key in parts[0]} if parts else None)
+    batch = processor.collate_images(joined)
+    return {} if batch is None else {IMAGES: batch}
 
 
 class GeneratesText:
@@ -86,16 +98,18 @@ class GeneratesText:
         """The collate of ``training.packing``: the samples in shared rows of up to ``length`` tokens
         (``training.packing_length``; None: the text processor's ``max_length``; :mod:`mmvl.data.packing`)."""
         processor = self.text_processor
-        if takes_images(processor):
-            raise UserError(f"training.packing=true: dataset {self.name}'s hf_processor (a released VLM's) cannot "  # type: ignore[attr-defined]
-                            "pack yet; set training.packing=false (packing runs on model vlm with prompt_answer).")
         if length is not None and int(length) < int(processor.max_length):
             raise UserError(f"training.packing_length={length} is shorter than dataset {self.name}'s max_length="  # type: ignore[attr-defined]
                             f"{processor.max_length} (a sample may be that long); set it to at least "
                             f"{processor.max_length}, or null.")
         info = processor.model_info()
+        if takes_images(processor):  # a released VLM's processor: its image tensors batched by their kinds, row by row
+            images: Callable[..., dict[str, Any]] = functools.partial(row_images, processor)
+        else:
+            images = functools.partial(placed_images, image_token_id=int(info["image_token_id"]),
+                                       image_tokens=int(info["image_tokens"]))
         return functools.partial(pack, capacity=int(length or processor.max_length), pad_id=int(info["pad_token_id"]),
-                                 image_token_id=int(info["image_token_id"]), image_tokens=int(info["image_tokens"]))
+                                 images=images)
 
     def model_info(self) -> dict[str, int]:
         return self.text_processor.model_info()

@@ -123,11 +123,11 @@ def packed_attention_mask(position_ids: torch.Tensor, dtype: torch.dtype | None 
                                                                                         torch.finfo(dtype).min)
 
 
-def lm_packed_inputs(lm: nn.Module, position_ids: torch.Tensor, dtype: torch.dtype) -> dict[str, Any]:
-    """What a transformers LM takes for packed rows: the positions, and the block-diagonal causal mask
-    its attention reads (sdpa: bool; eager: additive); flash attention reads the positions alone
-    (variable-length attention)."""
-    impl = str(getattr(lm.config, "_attn_implementation", "sdpa") or "sdpa")
+def lm_packed_inputs(config: Any, position_ids: torch.Tensor, dtype: torch.dtype) -> dict[str, Any]:
+    """What a transformers LM of ``config`` (its text config) takes for packed rows: the positions, and
+    the block-diagonal causal mask its attention reads (sdpa: bool; eager: additive in ``dtype``);
+    flash attention reads the positions alone (variable-length attention)."""
+    impl = str(getattr(config, "_attn_implementation", "sdpa") or "sdpa")
     if impl.startswith("flash"):
         return {"position_ids": position_ids, "attention_mask": None}
     return {"position_ids": position_ids,
