@@ -80,7 +80,8 @@ def pack(items: Sequence[dict[str, Any]], *, capacity: int, pad_id: int,
          images: Callable[[list[list[dict[str, Any]]]], dict[str, Any]]) -> dict[str, Any]:
     """The packed batch of ``items`` (samples with 1-D ``input_ids`` and ``targets``): their per-token
     keys and ``position_ids`` (rows x the longest row; ``input_ids`` padded with ``pad_id``, ``targets``
-    with -100, the rest with 0), ``id`` (the samples, row by row) and what ``images`` makes of the
+    with -100, the rest with 0), ``segments`` (each sample's ``(row, start, end)``, on the host: where
+    attention computes), ``id`` (the samples, row by row) and what ``images`` makes of the
     rows' samples (the image tensors, in the order their placeholders appear, row by row)."""
     lengths = [int(item["input_ids"].numel()) for item in items]
     rows = plan_rows(lengths, capacity)
@@ -89,7 +90,7 @@ def pack(items: Sequence[dict[str, Any]], *, capacity: int, pad_id: int,
     batch: dict[str, Any] = {key: torch.full((len(rows), width), pads.get(key, 0), dtype=items[0][key].dtype)
                              for key in _per_token_keys(items[0])}
     positions = torch.zeros((len(rows), width), dtype=torch.long)
-    order = []
+    order, segments = [], []
     for r, row in enumerate(rows):
         at = 0
         for i in row:
@@ -99,8 +100,9 @@ def pack(items: Sequence[dict[str, Any]], *, capacity: int, pad_id: int,
             batch["targets"][r, at] = IGNORE_INDEX  # predicted from the previous sample's last token: never a label
             positions[r, at: at + n] = torch.arange(n)
             order.append(item.get("id", i))
+            segments.append((r, at, at + n))
             at += n
         positions[r, at:] = torch.arange(width - at)  # the padding: a sequence of its own, never a label
-    batch.update(position_ids=positions, id=order)
+    batch.update(position_ids=positions, segments=segments, id=order)
     batch.update(images([[items[i] for i in row] for row in rows]))
     return batch

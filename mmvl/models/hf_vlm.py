@@ -170,7 +170,7 @@ class HFVLM(BaseModel):
         unused = self.unplaced_features(batch)  # first: where the other ranks' forwards encode their images
         kwargs = self.inputs(batch)
         if batch.get("position_ids") is not None:  # packed rows (training.packing): attention within each sample
-            kwargs.update(lm_packed_inputs(self.model.config.get_text_config(), batch["position_ids"], torch.float32))
+            kwargs.update(lm_packed_inputs(self.model.config.get_text_config(), batch, torch.float32))
         logits = self.model(**kwargs, use_cache=False).logits
         return {"scores": logits if unused is None else logits + 0.0 * unused}
 

@@ -112,7 +112,7 @@ class VLM(BaseModel):
             embeds = self.lm.get_input_embeddings()(ids.masked_fill(ids.eq(self.image_token_id), 0))
             embeds = splice_in_order(embeds, ids, self.image_tokens(batch["image"]), self.image_token_id)
             out = self.lm(inputs_embeds=embeds, use_cache=False,
-                          **lm_packed_inputs(self.lm.config, batch["position_ids"], embeds.dtype))
+                          **lm_packed_inputs(self.lm.config, batch, embeds.dtype))
             return {"scores": out.logits}
         embeds = self.embed(ids, batch["image"])
         out = self.lm(inputs_embeds=embeds, attention_mask=batch.get("attention_mask"), use_cache=False)

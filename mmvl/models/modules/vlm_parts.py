@@ -123,15 +123,24 @@ def packed_attention_mask(position_ids: torch.Tensor, dtype: torch.dtype | None 
                                                                                         torch.finfo(dtype).min)
 
 
-def lm_packed_inputs(config: Any, position_ids: torch.Tensor, dtype: torch.dtype) -> dict[str, Any]:
-    """What a transformers LM of ``config`` (its text config) takes for packed rows: the positions, and
-    the block-diagonal causal mask its attention reads (sdpa: bool; eager: additive in ``dtype``);
-    flash attention reads the positions alone (variable-length attention)."""
+def lm_packed_inputs(config: Any, batch: dict[str, Any], dtype: torch.dtype) -> dict[str, Any]:
+    """What a transformers LM of ``config`` (its text config) takes for a packed ``batch``
+    (:mod:`mmvl.data.packing`): the positions, and how attention stays within each sample. sdpa: each
+    sample's own square alone (:mod:`mmvl.models.modules.segment_attention`, from the packer's
+    ``segments``); eager: the block-diagonal causal mask, additive in ``dtype``; flash attention: the
+    positions alone (variable-length attention)."""
+    from mmvl.models.modules import segment_attention
+
+    positions = batch["position_ids"]
     impl = str(getattr(config, "_attn_implementation", "sdpa") or "sdpa")
     if impl.startswith("flash"):
-        return {"position_ids": position_ids, "attention_mask": None}
-    return {"position_ids": position_ids,
-            "attention_mask": packed_attention_mask(position_ids, None if impl == "sdpa" else dtype)}
+        return {"position_ids": positions, "attention_mask": None}
+    if batch.get("segments") is not None and segment_attention.install(config):
+        # a 4-D mask is taken as given (none is built); the segments make the attention
+        return {"position_ids": positions, "attention_mask": positions.new_ones((1, 1, 1, 1), dtype=torch.bool),
+                "mmvl_segments": batch["segments"]}
+    return {"position_ids": positions,
+            "attention_mask": packed_attention_mask(positions, None if impl == "sdpa" else dtype)}
 
 
 def left_align(input_ids: torch.Tensor, mask: torch.Tensor, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
