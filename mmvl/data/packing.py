@@ -2,7 +2,7 @@
 padding to the longest.
 
 The samples are the sampler's, unchanged (order and resume stay as they are); only where they sit
-changes. Rows hold up to ``capacity`` tokens and are balanced (longest sample first, each into the
+changes. Rows hold up to ``capacity`` tokens (or one row holds them all) and are balanced (longest sample first, each into the
 row with the fewest tokens that still has room), so they end close together and little is padded.
 Each sample's positions restart at 0 (``position_ids``), which is how the model knows where one
 ends: it attends within a sample only (:func:`mmvl.models.modules.vlm_parts.packed_attention_mask`).
@@ -76,15 +76,16 @@ def _per_token_keys(item: dict[str, Any]) -> list[str]:
             and k != "attention_mask"]
 
 
-def pack(items: Sequence[dict[str, Any]], *, capacity: int, pad_id: int,
+def pack(items: Sequence[dict[str, Any]], *, capacity: int | None, pad_id: int,
          images: Callable[[list[list[dict[str, Any]]]], dict[str, Any]]) -> dict[str, Any]:
     """The packed batch of ``items`` (samples with 1-D ``input_ids`` and ``targets``): their per-token
     keys and ``position_ids`` (rows x the longest row; ``input_ids`` padded with ``pad_id``, ``targets``
     with -100, the rest with 0), ``segments`` (each sample's ``(row, start, end)``, on the host: where
     attention computes), ``id`` (the samples, row by row) and what ``images`` makes of the
-    rows' samples (the image tensors, in the order their placeholders appear, row by row)."""
+    rows' samples (the image tensors, in the order their placeholders appear, row by row).
+    ``capacity`` None: one row of every sample (nothing padded)."""
     lengths = [int(item["input_ids"].numel()) for item in items]
-    rows = plan_rows(lengths, capacity)
+    rows = plan_rows(lengths, capacity or sum(lengths))
     width = max(sum(lengths[i] for i in row) for row in rows)
     pads = {"input_ids": pad_id, "targets": IGNORE_INDEX}
     batch: dict[str, Any] = {key: torch.full((len(rows), width), pads.get(key, 0), dtype=items[0][key].dtype)

@@ -225,7 +225,7 @@ def check_packing(training: schema.Training, model: Any = None, model_name: str 
         raise UserError(f"training.packing=true: {blocker()}; set training.packing=false.")
     if model is not None and not getattr(model, "packs_samples", False):
         raise UserError(f"training.packing=true, but model {model_name} takes no packed rows; set "
-                        "training.packing=false (packing runs on model vlm).")
+                        "training.packing=false (packing runs on models vlm and hf_vlm).")
 
 
 def run_length(training: Any, train_data: Any | None, accumulation: int) -> int:

@@ -96,7 +96,7 @@ class GeneratesText:
 
     def packer(self, length: int | None = None) -> Callable[[list[dict[str, Any]]], dict[str, Any]]:
         """The collate of ``training.packing``: the samples in shared rows of up to ``length`` tokens
-        (``training.packing_length``; None: the text processor's ``max_length``; :mod:`mmvl.data.packing`)."""
+        (``training.packing_length``; None: one row of them all; :mod:`mmvl.data.packing`)."""
         processor = self.text_processor
         if length is not None and int(length) < int(processor.max_length):
             raise UserError(f"training.packing_length={length} is shorter than dataset {self.name}'s max_length="  # type: ignore[attr-defined]
@@ -108,7 +108,7 @@ class GeneratesText:
         else:
             images = functools.partial(placed_images, image_token_id=int(info["image_token_id"]),
                                        image_tokens=int(info["image_tokens"]))
-        return functools.partial(pack, capacity=int(length or processor.max_length), pad_id=int(info["pad_token_id"]),
+        return functools.partial(pack, capacity=None if length is None else int(length), pad_id=int(info["pad_token_id"]),
                                  images=images)
 
     def model_info(self) -> dict[str, int]:
