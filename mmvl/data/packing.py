@@ -68,6 +68,38 @@ def placed_images(rows: list[list[dict[str, Any]]], *, image_token_id: int, imag
     return {"image": torch.stack(images)}
 
 
+#: a bucket of samples padded to its longest may compute up to this times their own attention squares
+BUCKET_WASTE = 1.3
+
+
+def attention_buckets(spans: Sequence[tuple[int, int]], size: int) -> list[torch.Tensor]:
+    """The samples (``(first flat position, length)`` in rows flattened to ``size`` positions) in
+    buckets of similar length, each a ``samples x longest`` index of flat positions, right-padded with
+    ``size`` (a slot past the rows: nothing). One attention call a bucket, causal on the padded block,
+    is exact for each sample (a right pad is never attended by a real position) and computes at most
+    :data:`BUCKET_WASTE` times the samples' own squares."""
+    order = sorted(range(len(spans)), key=lambda k: (-spans[k][1], k))
+    buckets: list[list[int]] = []
+    for i in order:
+        if buckets:
+            current = buckets[-1]
+            longest = spans[current[0]][1]
+            own = sum(spans[k][1] ** 2 for k in current) + spans[i][1] ** 2
+            if longest ** 2 * (len(current) + 1) <= BUCKET_WASTE * own:
+                current.append(i)
+                continue
+        buckets.append([i])
+    out = []
+    for bucket in buckets:
+        longest = spans[bucket[0]][1]
+        index = torch.full((len(bucket), longest), size, dtype=torch.long)
+        for j, k in enumerate(bucket):
+            start, n = spans[k]
+            index[j, :n] = torch.arange(start, start + n)
+        out.append(index)
+    return out
+
+
 def _per_token_keys(item: dict[str, Any]) -> list[str]:
     """The keys of ``item`` holding one value a token (``input_ids``, ``targets``, a processor's
     ``token_type_ids``, ...), its ``attention_mask`` aside: packed rows need none."""
@@ -80,8 +112,8 @@ def pack(items: Sequence[dict[str, Any]], *, capacity: int | None, pad_id: int,
          images: Callable[[list[list[dict[str, Any]]]], dict[str, Any]]) -> dict[str, Any]:
     """The packed batch of ``items`` (samples with 1-D ``input_ids`` and ``targets``): their per-token
     keys and ``position_ids`` (rows x the longest row; ``input_ids`` padded with ``pad_id``, ``targets``
-    with -100, the rest with 0), ``segments`` (each sample's ``(row, start, end)``, on the host: where
-    attention computes), ``id`` (the samples, row by row) and what ``images`` makes of the
+    with -100, the rest with 0), ``segments`` (where each sample sits, for attention that computes each
+    sample's own square: :func:`attention_buckets`), ``id`` (the samples, row by row) and what ``images`` makes of the
     rows' samples (the image tensors, in the order their placeholders appear, row by row).
     ``capacity`` None: one row of every sample (nothing padded)."""
     lengths = [int(item["input_ids"].numel()) for item in items]
@@ -101,9 +133,9 @@ def pack(items: Sequence[dict[str, Any]], *, capacity: int | None, pad_id: int,
             batch["targets"][r, at] = IGNORE_INDEX  # predicted from the previous sample's last token: never a label
             positions[r, at: at + n] = torch.arange(n)
             order.append(item.get("id", i))
-            segments.append((r, at, at + n))
+            segments.append((r * width + at, n))
             at += n
         positions[r, at:] = torch.arange(width - at)  # the padding: a sequence of its own, never a label
-    batch.update(position_ids=positions, segments=segments, id=order)
+    batch.update(position_ids=positions, segments=attention_buckets(segments, len(rows) * width), id=order)
     batch.update(images([[items[i] for i in row] for row in rows]))
     return batch

@@ -1,11 +1,12 @@
-"""Attention of packed rows that computes each sample's own causal square and nothing else.
+"""Attention of packed rows that computes each sample's own causal square, and little else.
 
 A block-diagonal mask keeps packed samples apart but still computes every row's whole square:
 rows of several samples spend most of their attention on blocks the mask throws away. Variable-
 length attention (flash-attention's ``cu_seqlens``) skips them on GPUs that have it; this is the
 same for every device, through torch's ``scaled_dot_product_attention``: one causal call per
-sample, on its slice of the row, its output written back in place. The samples' spans come from the
-packer on the host (``segments``: ``(row, start, end)``), so nothing waits on the device.
+bucket of samples of similar length (gathered from their rows, right-padded, one causal call; at most
+:data:`mmvl.data.packing.BUCKET_WASTE` times their own squares), the outputs put back in place. The
+buckets' indices come from the packer with the batch, so nothing waits on the device.
 
 It is a transformers attention implementation, ``mmvl_sdpa_segments``: a batch that carries no
 ``mmvl_segments`` (evaluation, generation, padded batches) runs transformers' own ``sdpa``
@@ -26,26 +27,38 @@ _registered = False
 
 
 def attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: Any,
-              dropout: float = 0.0, scaling: float | None = None, mmvl_segments: Sequence[tuple[int, int, int]] | None = None,
+              dropout: float = 0.0, scaling: float | None = None, mmvl_segments: Sequence[torch.Tensor] | None = None,
               **kwargs: Any) -> tuple[torch.Tensor, None]:
     """transformers' attention interface: ``query`` ``B x heads x L x d`` (key and value may have fewer
-    heads) -> ``B x L x heads x d``. With ``mmvl_segments``, each span attends causally within itself
-    (positions outside every span, the rows' padding, get zeros); without, transformers' sdpa."""
+    heads) -> ``B x L x heads x d``. With ``mmvl_segments`` (the packer's buckets: ``samples x longest``
+    indices of flat positions, padded with ``B * L``), each bucket's samples are gathered, attend
+    causally within themselves in one call, and go back to their positions (the rows' padding gets
+    zeros); without, transformers' sdpa."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     if mmvl_segments is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
-    groups = query.size(1) // key.size(1)
-    if groups > 1:  # grouped-query attention: each key/value head serves `groups` query heads
-        key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
+    rows, heads, length, dim = query.shape
+    groups = heads // key.size(1)
     p = dropout if module.training else 0.0
-    out = query.new_zeros(query.shape)
-    for row, start, end in mmvl_segments:
-        out[row, :, start:end] = F.scaled_dot_product_attention(
-            query[row, :, start:end], key[row, :, start:end], value[row, :, start:end], dropout_p=p, is_causal=True,
-            scale=scaling)
-    return out.transpose(1, 2).contiguous(), None
+
+    def flat(t: torch.Tensor) -> torch.Tensor:  # B x h x L x d -> (B * L + 1) x h x d: one slot of zeros last
+        t = t.transpose(1, 2).reshape(rows * length, t.size(1), t.size(3))
+        return torch.cat([t, t.new_zeros((1, *t.shape[1:]))])
+
+    q, k, v = flat(query), flat(key), flat(value)
+    out = q.new_zeros(q.shape)
+    for index in mmvl_segments:
+        index = index.to(query.device, non_blocking=True)
+        n, longest = index.shape
+        pick = index.reshape(-1)
+        qb, kb, vb = (t.index_select(0, pick).reshape(n, longest, t.size(1), dim).transpose(1, 2) for t in (q, k, v))
+        if groups > 1:  # grouped-query attention: each key/value head serves `groups` query heads
+            kb, vb = kb.repeat_interleave(groups, 1), vb.repeat_interleave(groups, 1)
+        ob = F.scaled_dot_product_attention(qb, kb, vb, dropout_p=p, is_causal=True, scale=scaling)
+        out = out.index_copy(0, pick, ob.transpose(1, 2).reshape(n * longest, heads, dim))
+    return out[:-1].reshape(rows, length, heads, dim), None
 
 
 def available() -> bool:
