@@ -18,6 +18,7 @@ from torch import nn
 
 from mmvl.errors import UserError, library_input
 from mmvl.labels import IGNORE_INDEX
+from mmvl.models.modules import segment_attention
 
 
 def grid_tokens(grid: torch.Tensor, shuffle: int = 1) -> torch.Tensor:
@@ -129,8 +130,6 @@ def lm_packed_inputs(config: Any, batch: dict[str, Any], dtype: torch.dtype) -> 
     sample's own square alone (:mod:`mmvl.models.modules.segment_attention`, from the packer's
     ``segments``); eager: the block-diagonal causal mask, additive in ``dtype``; flash attention: the
     positions alone (variable-length attention)."""
-    from mmvl.models.modules import segment_attention
-
     positions = batch["position_ids"]
     impl = str(getattr(config, "_attn_implementation", "sdpa") or "sdpa")
     if impl.startswith("flash"):
