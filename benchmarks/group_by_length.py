@@ -59,18 +59,30 @@ def build(grouped: bool, args: argparse.Namespace, save_dir: str) -> Steps:
     return Steps(Trainer(load_config(opts)))
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--updates", type=int, default=20, help="timed updates per round and side")
+def trainer_arguments(doc: str, updates: int) -> argparse.ArgumentParser:
+    """The options of the benchmarks that time ``Trainer.train_step`` of a shipped config, side by side."""
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
+    parser.add_argument("--updates", type=int, default=updates, help="timed updates per round and side")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--smoke", action="store_true", help="a tiny model (checks the script, not the speed)")
     parser.add_argument("opts", nargs="*", help="key=value pairs applied last, as on mmvl_run's command line")
+    return parser
+
+
+def parsed(parser: argparse.ArgumentParser) -> argparse.Namespace:
+    """The options, torch's threads set and mmvl's built-ins registered."""
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     import mmvl  # noqa: F401  (registers the built-ins)
+
+    return args
+
+
+def main() -> int:
+    args = parsed(trainer_arguments(__doc__, updates=20))
 
     with tempfile.TemporaryDirectory() as tmp:
         sides = {"shuffled": build(False, args, os.path.join(tmp, "shuffled")),

@@ -28,12 +28,10 @@ import sys
 import tempfile
 from typing import Any
 
-import torch
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from benchmarks.group_by_length import SMOKE  # noqa: E402  (the tree first on sys.path)
+from benchmarks.group_by_length import SMOKE, parsed, trainer_arguments  # noqa: E402  (the tree first on sys.path)
 from benchmarks.timing import timed  # noqa: E402
 
 CONFIG = os.path.join(ROOT, "projects", "vlm", "configs", "easy_vqa_conversations", "defaults.yaml")
@@ -142,20 +140,10 @@ def measure(name: str, data: list[str], args: argparse.Namespace, tmp: str) -> N
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = trainer_arguments(__doc__, updates=10)
     parser.add_argument("--set", choices=["easy_vqa", "llava", "both"], default="both")
-    parser.add_argument("--updates", type=int, default=10, help="timed updates per round and side")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--packing-length", type=int, default=0, help="rows' tokens (0: the processor's max_length)")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    parser.add_argument("--smoke", action="store_true", help="a tiny model (checks the script, not the speed)")
-    parser.add_argument("opts", nargs="*", help="key=value pairs applied last, as on mmvl_run's command line")
-    args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    import mmvl  # noqa: F401  (registers the built-ins)
-
+    parser.add_argument("--packing-length", type=int, default=0, help="rows' tokens (0: one row a micro-batch)")
+    args = parsed(parser)
     with tempfile.TemporaryDirectory() as tmp:
         if args.set in ("easy_vqa", "both"):
             measure("easy_vqa_conversations", [], args, tmp)

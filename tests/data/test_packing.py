@@ -81,6 +81,15 @@ def test_the_packed_batch_holds_each_sample_with_positions_restarting(lm):
     assert int(batch["targets"].ne(IGNORE_INDEX).sum()) == labelled
 
 
+def _assert_same_update(results, atol):
+    """The padded and the packed update's ``(loss, gradients)``: equal within 1e-5 relative."""
+    (loss_a, grads_a), (loss_b, grads_b) = results
+    torch.testing.assert_close(loss_b, loss_a, rtol=1e-5, atol=0)
+    assert grads_a.keys() == grads_b.keys()
+    for name in grads_a:
+        torch.testing.assert_close(grads_b[name], grads_a[name], rtol=1e-5, atol=atol, msg=name)
+
+
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 def test_one_update_on_packed_rows_equals_the_padded_batch(lm, attn):
     proc = tiny_vlm.processor(lm, max_length=128)
@@ -97,11 +106,7 @@ def test_one_update_on_packed_rows_equals_the_padded_batch(lm, attn):
         loss = loss_fn(batch, model(batch))
         loss.backward()
         results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
-    (loss_a, grads_a), (loss_b, grads_b) = results
-    torch.testing.assert_close(loss_b, loss_a, rtol=1e-5, atol=0)
-    assert grads_a.keys() == grads_b.keys()
-    for name in grads_a:
-        torch.testing.assert_close(grads_b[name], grads_a[name], rtol=1e-5, atol=1e-7, msg=name)
+    _assert_same_update(results, atol=1e-7)
 
 
 # --- runs: the Trainer packs the training batches (tests/fixtures/easy_vqa_generative_run's toy VLM) ---
@@ -209,11 +214,7 @@ def test_hf_vlm_one_update_on_packed_rows_equals_the_padded_batch(arch, folders,
         loss = sum(compute_losses(losses, batch, model(batch)).values())
         loss.backward()
         results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
-    (loss_a, grads_a), (loss_b, grads_b) = results
-    torch.testing.assert_close(loss_b, loss_a, rtol=1e-5, atol=0)
-    assert grads_a.keys() == grads_b.keys()
-    for name in grads_a:
-        torch.testing.assert_close(grads_b[name], grads_a[name], rtol=1e-5, atol=1e-6, msg=name)
+    _assert_same_update(results, atol=1e-6)
 
 
 @pytest.mark.parametrize("arch, needle", [("qwen2_vl", "multimodal rotary positions"), ("paligemma", "attends both ways")])
