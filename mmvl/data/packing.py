@@ -2,15 +2,16 @@
 padding to the longest.
 
 The samples are the sampler's, unchanged (order and resume stay as they are); only where they sit
-changes. Rows hold up to ``capacity`` tokens (or one row holds them all) and are balanced (longest sample first, each into the
-row with the fewest tokens that still has room), so they end close together and little is padded.
-Each sample's positions restart at 0 (``position_ids``), which is how the model knows where one
-ends: it attends within a sample only (:func:`mmvl.models.modules.vlm_parts.packed_attention_mask`).
-A sample's first token is never a label: the token before it belongs to another sample. The image
-tensors of the batch are the samples' own images, in the order their placeholders appear in the
-rows (row by row), none for a text-only sample: the model places them at its placeholders in that
-order. The loss is the token-normalised ``answer_tokens`` over the update, so packing changes no
-weighting: one update on packed rows computes what the padded batch does.
+changes. Rows hold up to ``capacity`` tokens (None: one row holds them all) and are balanced
+(longest sample first, each into the row with the fewest tokens that still has room), so they end
+close together and little is padded. Each sample's positions restart at 0 (``position_ids``), and
+``segments`` say where each sample sits, so the model attends within a sample only
+(:func:`mmvl.models.modules.vlm_parts.lm_packed_inputs`). A sample's first token is never a label:
+the token before it belongs to another sample. The image tensors of the batch are the samples' own
+images, in the order their placeholders appear (row by row), none for a text-only sample: the model
+places them at its placeholders in that order. The loss is the token-normalised ``answer_tokens``
+over the update, so packing changes no weighting: one update on packed rows computes what the
+padded batch does.
 """
 from __future__ import annotations
 
