@@ -174,8 +174,10 @@ def test_a_vlm_that_does_not_map_onto_llava_is_one_line(files, tmp_path, capsys)
     assert "a vlm run exports as LLaVA" in capsys.readouterr().err
 
 
-def test_the_llava_module_maps_the_weights_exactly(files, tmp_path):
-    """In memory: the exported LLaVA's logits on a batch with two images and a text-only row equal the vlm's."""
+@pytest.mark.parametrize("tied", [False, True])
+def test_the_llava_module_maps_the_weights_exactly(files, tmp_path, tied):
+    """In memory: the exported LLaVA's logits on a batch with two images and a text-only row equal the vlm's
+    (an LM folder; a random LM whose output head is its input embeddings)."""
     from omegaconf import OmegaConf
 
     from mmvl.export.llava import _llava
@@ -184,11 +186,13 @@ def test_the_llava_module_maps_the_weights_exactly(files, tmp_path):
     cfg = OmegaConf.load(ROOT / "configs" / "models" / "vlm.yaml").model_config.vlm
     cfg.image_encoder = {"type": "hf_vision", "params": {"path": str(files["towers"]["clip"]),
                                                          "vision_feature_layer": [-2, 0]}}
-    cfg.language_model.path = str(files["lm"])
-    cfg.update(vocab_size=None, image_token_id=4, pad_token_id=0, eos_token_id=3, image_tokens=16)
+    cfg.language_model.path = None if tied else str(files["lm"])
+    cfg.language_model.random.tie_word_embeddings = tied
+    cfg.update(vocab_size=40, image_token_id=4, pad_token_id=0, eos_token_id=3, image_tokens=16)
     torch.manual_seed(0)
     vlm = VLM(cfg).eval()
     llava = _llava(vlm)
+    assert (llava.lm_head.weight.data_ptr() == llava.get_input_embeddings().weight.data_ptr()) == tied
     ids = torch.tensor([[5, 4] + [4] * 15 + [4] * 16 + [6, 7], [5, 6, 7, 8] + [9] * 31])
     pixels = torch.randn(2, 2, 3, IMAGE_SIZE, IMAGE_SIZE)
     with torch.no_grad():
