@@ -73,32 +73,37 @@ def placed_images(rows: list[list[dict[str, Any]]], *, image_token_id: int, imag
 BUCKET_WASTE = 1.3
 
 
-def attention_buckets(spans: Sequence[tuple[int, int]], size: int) -> list[torch.Tensor]:
-    """The samples (``(first flat position, length)`` in rows flattened to ``size`` positions) in
-    buckets of similar length, each a ``samples x longest`` index of flat positions, right-padded with
-    ``size`` (a slot past the rows: nothing). One attention call a bucket, causal on the padded block,
-    is exact for each sample (a right pad is never attended by a real position) and computes at most
-    :data:`BUCKET_WASTE` times the samples' own squares."""
+def attention_buckets(spans: Sequence[tuple[int, int]], size: int) -> dict[str, Any]:
+    """Where attention computes for packed rows: the samples (``(first flat position, length)`` in rows
+    flattened to ``size`` positions) in buckets of similar length. ``buckets``: per bucket a
+    ``samples x longest`` index of flat positions, right-padded with position 0 (one causal attention
+    call a bucket is exact for each sample: a real position never attends a right pad); ``slots``: the
+    real entries of the buckets' outputs laid end to end, ``positions``: the flat position each goes
+    back to. A bucket computes at most :data:`BUCKET_WASTE` times its samples' own squares."""
+    del size  # the flat positions are the rows', whatever their number
     order = sorted(range(len(spans)), key=lambda k: (-spans[k][1], k))
-    buckets: list[list[int]] = []
+    groups: list[list[int]] = []
     for i in order:
-        if buckets:
-            current = buckets[-1]
+        if groups:
+            current = groups[-1]
             longest = spans[current[0]][1]
             own = sum(spans[k][1] ** 2 for k in current) + spans[i][1] ** 2
             if longest ** 2 * (len(current) + 1) <= BUCKET_WASTE * own:
                 current.append(i)
                 continue
-        buckets.append([i])
-    out = []
-    for bucket in buckets:
-        longest = spans[bucket[0]][1]
-        index = torch.full((len(bucket), longest), size, dtype=torch.long)
-        for j, k in enumerate(bucket):
+        groups.append([i])
+    buckets, slots, positions, at = [], [], [], 0
+    for group in groups:
+        longest = spans[group[0]][1]
+        index = torch.zeros((len(group), longest), dtype=torch.long)
+        for j, k in enumerate(group):
             start, n = spans[k]
             index[j, :n] = torch.arange(start, start + n)
-        out.append(index)
-    return out
+            slots.append(torch.arange(at + j * longest, at + j * longest + n))
+            positions.append(index[j, :n])
+        buckets.append(index)
+        at += len(group) * longest
+    return {"buckets": buckets, "slots": torch.cat(slots), "positions": torch.cat(positions)}
 
 
 def _per_token_keys(item: dict[str, Any]) -> list[str]:

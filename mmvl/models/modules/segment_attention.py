@@ -27,13 +27,13 @@ _registered = False
 
 
 def attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: Any,
-              dropout: float = 0.0, scaling: float | None = None, mmvl_segments: Sequence[torch.Tensor] | None = None,
+              dropout: float = 0.0, scaling: float | None = None, mmvl_segments: dict[str, Any] | None = None,
               **kwargs: Any) -> tuple[torch.Tensor, None]:
     """transformers' attention interface: ``query`` ``B x heads x L x d`` (key and value may have fewer
-    heads) -> ``B x L x heads x d``. With ``mmvl_segments`` (the packer's buckets: ``samples x longest``
-    indices of flat positions, padded with ``B * L``), each bucket's samples are gathered, attend
-    causally within themselves in one call, and go back to their positions (the rows' padding gets
-    zeros); without, transformers' sdpa."""
+    heads) -> ``B x L x heads x d``. With ``mmvl_segments`` (the packer's
+    :func:`mmvl.data.packing.attention_buckets`), each bucket's samples are gathered from the rows,
+    attend causally within themselves in one call, and their real outputs go back to their positions
+    in one copy (the rows' padding gets zeros); without, transformers' sdpa."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     if mmvl_segments is None:
@@ -42,23 +42,19 @@ def attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.
     rows, heads, length, dim = query.shape
     groups = heads // key.size(1)
     p = dropout if module.training else 0.0
-
-    def flat(t: torch.Tensor) -> torch.Tensor:  # B x h x L x d -> (B * L + 1) x h x d: one slot of zeros last
-        t = t.transpose(1, 2).reshape(rows * length, t.size(1), t.size(3))
-        return torch.cat([t, t.new_zeros((1, *t.shape[1:]))])
-
-    q, k, v = flat(query), flat(key), flat(value)
-    out = q.new_zeros(q.shape)
-    for index in mmvl_segments:
-        index = index.to(query.device, non_blocking=True)
+    q, k, v = (t.transpose(1, 2).reshape(rows * length, t.size(1), dim) for t in (query, key, value))
+    outs = []
+    for index in mmvl_segments["buckets"]:
         n, longest = index.shape
         pick = index.reshape(-1)
-        qb, kb, vb = (t.index_select(0, pick).reshape(n, longest, t.size(1), dim).transpose(1, 2) for t in (q, k, v))
+        qb, kb, vb = (t.index_select(0, pick).view(n, longest, t.size(1), dim).transpose(1, 2) for t in (q, k, v))
         if groups > 1:  # grouped-query attention: each key/value head serves `groups` query heads
             kb, vb = kb.repeat_interleave(groups, 1), vb.repeat_interleave(groups, 1)
         ob = F.scaled_dot_product_attention(qb, kb, vb, dropout_p=p, is_causal=True, scale=scaling)
-        out = out.index_copy(0, pick, ob.transpose(1, 2).reshape(n * longest, heads, dim))
-    return out[:-1].reshape(rows, length, heads, dim), None
+        outs.append(ob.transpose(1, 2).reshape(n * longest, heads, dim))
+    real = torch.cat(outs).index_select(0, mmvl_segments["slots"])
+    out = q.new_zeros((rows * length, heads, dim)).index_copy(0, mmvl_segments["positions"], real)
+    return out.view(rows, length, heads, dim), None
 
 
 def available() -> bool:

@@ -18,8 +18,8 @@ def test_each_sample_s_square_equals_the_block_diagonal_mask():
     positions = torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2, 3, 0], [0, 1, 2, 3, 4, 0, 1, 0, 1, 2]])
     segments = [(0, 0, 3), (0, 3, 5), (0, 5, 9), (1, 0, 5), (1, 5, 7)]  # row 0's last and row 1's last 3: padding
     buckets = attention_buckets([(r * 10 + s, e - s) for r, s, e in segments], 20)
-    assert 1 < len(buckets) < len(segments) and sorted(int(i) for b in buckets for i in b.flatten() if i < 20) == \
-        [r * 10 + p for r, s, e in segments for p in range(s, e)]
+    assert 1 < len(buckets["buckets"]) < len(segments)
+    assert sorted(buckets["positions"].tolist()) == [r * 10 + p for r, s, e in segments for p in range(s, e)]
     q = torch.randn(2, 4, 10, 8, requires_grad=True)
     k, v = torch.randn(2, 2, 10, 8), torch.randn(2, 2, 10, 8)  # 2 key/value heads for 4 query heads
     ours, _ = attention(_Module(), q, k, v, None, scaling=0.3, mmvl_segments=buckets)
@@ -40,8 +40,8 @@ def test_buckets_compute_little_more_than_the_samples_own_squares():
         spans.append((at, n))
         at += n
     buckets = attention_buckets(spans, at)
-    computed = sum(b.shape[0] * b.shape[1] ** 2 for b in buckets)
-    assert computed <= BUCKET_WASTE * sum(n * n for n in lengths) and len(buckets) < len(lengths)
+    computed = sum(b.shape[0] * b.shape[1] ** 2 for b in buckets["buckets"])
+    assert computed <= BUCKET_WASTE * sum(n * n for n in lengths) and len(buckets["buckets"]) < len(lengths)
 
 
 def test_a_model_that_installed_it_answers_padded_batches_as_sdpa_does():
