@@ -73,14 +73,13 @@ def placed_images(rows: list[list[dict[str, Any]]], *, image_token_id: int, imag
 BUCKET_WASTE = 1.3
 
 
-def attention_buckets(spans: Sequence[tuple[int, int]], size: int) -> dict[str, Any]:
-    """Where attention computes for packed rows: the samples (``(first flat position, length)`` in rows
-    flattened to ``size`` positions) in buckets of similar length. ``buckets``: per bucket a
+def attention_buckets(spans: Sequence[tuple[int, int]]) -> dict[str, Any]:
+    """Where attention computes for packed rows: the samples (``(first flat position, length)`` in the
+    rows flattened) in buckets of similar length. ``buckets``: per bucket a
     ``samples x longest`` index of flat positions, right-padded with position 0 (one causal attention
     call a bucket is exact for each sample: a real position never attends a right pad); ``slots``: the
     real entries of the buckets' outputs laid end to end, ``positions``: the flat position each goes
     back to. A bucket computes at most :data:`BUCKET_WASTE` times its samples' own squares."""
-    del size  # the flat positions are the rows', whatever their number
     order = sorted(range(len(spans)), key=lambda k: (-spans[k][1], k))
     groups: list[list[int]] = []
     for i in order:
@@ -142,6 +141,6 @@ def pack(items: Sequence[dict[str, Any]], *, capacity: int | None, pad_id: int,
             segments.append((r * width + at, n))
             at += n
         positions[r, at:] = torch.arange(width - at)  # the padding: a sequence of its own, never a label
-    batch.update(position_ids=positions, segments=attention_buckets(segments, len(rows) * width), id=order)
+    batch.update(position_ids=positions, segments=attention_buckets(segments), id=order)
     batch.update(images([[items[i] for i in row] for row in rows]))
     return batch

@@ -15,7 +15,6 @@ recomputation of activation checkpointing, which replays the forward with the sa
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import torch

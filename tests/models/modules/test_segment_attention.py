@@ -17,7 +17,7 @@ def test_each_sample_s_square_equals_the_block_diagonal_mask():
     torch.manual_seed(0)
     positions = torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2, 3, 0], [0, 1, 2, 3, 4, 0, 1, 0, 1, 2]])
     segments = [(0, 0, 3), (0, 3, 5), (0, 5, 9), (1, 0, 5), (1, 5, 7)]  # row 0's last and row 1's last 3: padding
-    buckets = attention_buckets([(r * 10 + s, e - s) for r, s, e in segments], 20)
+    buckets = attention_buckets([(r * 10 + s, e - s) for r, s, e in segments])
     assert 1 < len(buckets["buckets"]) < len(segments)
     assert sorted(buckets["positions"].tolist()) == [r * 10 + p for r, s, e in segments for p in range(s, e)]
     q = torch.randn(2, 4, 10, 8, requires_grad=True)
@@ -39,7 +39,7 @@ def test_buckets_compute_little_more_than_the_samples_own_squares():
     for n in lengths:
         spans.append((at, n))
         at += n
-    buckets = attention_buckets(spans, at)
+    buckets = attention_buckets(spans)
     computed = sum(b.shape[0] * b.shape[1] ** 2 for b in buckets["buckets"])
     assert computed <= BUCKET_WASTE * sum(n * n for n in lengths) and len(buckets["buckets"]) < len(lengths)
 
