@@ -78,8 +78,9 @@ def export_run_hf(save_dir: str | Path, out: str | Path, checkpoint: str | Path 
                         "null); export it without --adapters.")
     if model == "vlm":  # mmvl's own VLM, as LLaVA
         hf, hf_processor, text = vlm_as_llava(config, model_cfg, path)
-        ids = {"eos_token_id": text.end_id, "pad_token_id": text.model_info()["pad_token_id"],
-               "suppress_tokens": [text.model_info()["image_token_id"]]}  # vlm.generate never writes a placeholder
+        info = text.model_info()
+        ids = {"eos_token_id": text.end_id, "pad_token_id": info["pad_token_id"],
+               "suppress_tokens": [info["image_token_id"]]}  # vlm.generate never writes a placeholder
     else:
         from mmvl.data.processors.vlm_processor import VLMProcessor
 

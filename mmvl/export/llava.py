@@ -19,9 +19,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
-
-from mmvl.adapters import apply_lora, merge_lora
+from mmvl.adapters import merge_lora
+from mmvl.build import ModelSection, model_from
 from mmvl.checkpoint import load_checkpoint, schema
 from mmvl.data.processors.image import hf_image_processor_kwargs
 from mmvl.errors import UserError
@@ -92,22 +91,19 @@ def vlm_as_llava(config: Mapping[str, Any], model_cfg: Mapping[str, Any], checkp
                         "the plain prompt_answer layout has no transformers processor; train with a tokenizer that has one.")
     where = f"dataset_config.{dataset}.processors.image_processor.params.transforms"
     image = hf_image_processor_kwargs(transforms, where)  # refused before the weights load
-    model = _vlm(model_cfg, text.model_info(), checkpoint)
+    model = _vlm(model_cfg, {dataset: text}, checkpoint)
     return _llava(model), _processor(model, text, image, where), text
 
 
 def _vlm(model_cfg: Mapping[str, Any], info: Mapping[str, Any], checkpoint: Path) -> Any:
-    """The run's ``vlm`` (its nulls filled as its dataset filled them) with the checkpoint's weights, LoRA merged."""
+    """The run's ``vlm``, built as the run built it (its nulls filled from ``info``: what gives
+    ``model_info()``, its text processor; adapters in), with the checkpoint's weights, LoRA merged."""
+    from mmvl.models import vlm  # noqa: F401  (registers the model)
     from mmvl.models.modules.vlm_parts import quiet_loading
-    from mmvl.models.vlm import VLM
 
-    cfg = OmegaConf.create(dict(model_cfg))
-    for key, value in info.items():
-        if key in cfg and cfg[key] is None:
-            cfg[key] = value
     with quiet_loading():
-        model = VLM(cfg)
-    adapted = apply_lora(model, cfg.get("lora"), "vlm")
+        model = model_from(ModelSection("vlm", model_cfg), info)
+    adapted = bool((model_cfg.get("lora") or {}).get("r"))
     state = load_checkpoint(checkpoint)[schema.MODEL]
     missing, unexpected = model.load_state_dict(state, strict=False)
     if missing or unexpected:

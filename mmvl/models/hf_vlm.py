@@ -79,7 +79,6 @@ def tensors_of(output: Any) -> list[torch.Tensor]:
     return [t for v in values for t in tensors_of(v)]
 
 
-#: forward arguments mmvl sets itself (or never): the tokens, their mask, labels (mmvl's loss reads ``targets``), caches
 #: the architectures whose packed rows are checked equal to padded batches (tests/data/test_packing.py)
 PACKABLE = ("llava", "idefics3")
 #: what keeps others from packing
@@ -87,6 +86,7 @@ PACKING_BLOCKERS = {"qwen2_vl": "its multimodal rotary positions are not restart
                     "qwen2_5_vl": "its multimodal rotary positions are not restarted per sample",
                     "paligemma": "its prefix attends both ways, which a causal block mask does not",
                     "gemma3": "its image tokens attend both ways, which a causal block mask does not"}
+#: forward arguments mmvl sets itself (or never): the tokens, their mask, labels (mmvl's loss reads ``targets``), caches
 _NOT_FROM_BATCH = ("input_ids", "attention_mask", "labels", "inputs_embeds", "past_key_values", "use_cache",
                    "cache_position", "logits_to_keep", "pixel_values")
 
@@ -103,6 +103,7 @@ class HFVLM(BaseModel):
     leaves_parameters_unused = True
     #: ``mmvl_export adapters`` writes one peft folder for the whole VLM (what AutoModelForImageTextToText loads)
     ADAPTER_ROOT = "model"
+    packs_samples = True  # forward takes packed rows: of the architectures packing_blocker lets through
 
     def __init__(self, config: DictConfig):
         super().__init__(config)
@@ -152,10 +153,6 @@ class HFVLM(BaseModel):
         if isinstance(images, dict) and not images.get(UNPLACED):
             kwargs.update({k: v for k, v in images.items() if k != ROWS})
         return kwargs
-
-    @property
-    def packs_samples(self) -> bool:  # type: ignore[override]
-        return self.packing_blocker() is None
 
     def packing_blocker(self) -> str | None:
         """Why this architecture cannot train on packed rows (None: it can): its image features must

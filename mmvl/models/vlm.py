@@ -101,16 +101,17 @@ class VLM(BaseModel):
                             "pixel_shuffle, summary_token or the image size).")
         return self.projector(tokens)
 
-    def embed(self, input_ids: torch.Tensor, pixels: torch.Tensor) -> torch.Tensor:
-        """The LM's input embeddings with the image tokens at the placeholders."""
+    def embed(self, input_ids: torch.Tensor, pixels: torch.Tensor, in_order: bool = False) -> torch.Tensor:
+        """The LM's input embeddings with the image tokens at the placeholders: each row's from its own
+        images, or with ``in_order`` (packed rows) the images' tokens one after another, row by row."""
         embeds = self.lm.get_input_embeddings()(input_ids.masked_fill(input_ids.eq(self.image_token_id), 0))
-        return splice_image_tokens(embeds, input_ids, self.image_tokens(pixels), self.image_token_id)
+        splice = splice_in_order if in_order else splice_image_tokens
+        return splice(embeds, input_ids, self.image_tokens(pixels), self.image_token_id)
 
     def forward(self, batch: dict[str, Any]) -> dict[str, Any]:
         ids = batch["input_ids"]
         if batch.get("position_ids") is not None:  # packed rows (training.packing): images in placeholder order
-            embeds = self.lm.get_input_embeddings()(ids.masked_fill(ids.eq(self.image_token_id), 0))
-            embeds = splice_in_order(embeds, ids, self.image_tokens(batch["image"]), self.image_token_id)
+            embeds = self.embed(ids, batch["image"], in_order=True)
             out = self.lm(inputs_embeds=embeds, use_cache=False,
                           **lm_packed_inputs(self.lm.config, batch, embeds.dtype))
             return {"scores": out.logits}

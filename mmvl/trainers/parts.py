@@ -220,12 +220,14 @@ def check_packing(training: schema.Training, model: Any = None, model_name: str 
     if training.group_by_length:
         raise UserError("training.packing=true with training.group_by_length=true: both cut padding (packing keeps the "
                         "random order, grouping changes it); set training.group_by_length=false.")
-    blocker = getattr(model, "packing_blocker", None)
-    if model is not None and blocker is not None and blocker() is not None:
-        raise UserError(f"training.packing=true: {blocker()}; set training.packing=false.")
-    if model is not None and not getattr(model, "packs_samples", False):
+    if model is None:
+        return
+    if not getattr(model, "packs_samples", False):
         raise UserError(f"training.packing=true, but model {model_name} takes no packed rows; set "
                         "training.packing=false (packing runs on models vlm and hf_vlm).")
+    why = model.packing_blocker() if hasattr(model, "packing_blocker") else None
+    if why is not None:
+        raise UserError(f"training.packing=true: {why}; set training.packing=false.")
 
 
 def run_length(training: Any, train_data: Any | None, accumulation: int) -> int:
