@@ -4,9 +4,11 @@ A block-diagonal mask keeps packed samples apart but still computes every row's 
 rows of several samples spend most of their attention on blocks the mask throws away. Variable-
 length attention (flash-attention's ``cu_seqlens``) skips them on GPUs that have it; this is the
 same for every device, through torch's ``scaled_dot_product_attention``: one causal call per
-bucket of samples of similar length (gathered from their rows, right-padded, one causal call; at most
-:data:`mmvl.data.packing.BUCKET_WASTE` times their own squares), the outputs put back in place. The
-buckets' indices come from the packer with the batch, so nothing waits on the device.
+bucket of samples of similar length (the split that computes least, counting each call's cost:
+:func:`mmvl.data.packing.bucket_groups`). Query, key and value are gathered into the buckets in one
+gather each and the outputs go back in one, whose gradients are gathers too (a scatter-add into a
+zeroed copy a bucket cost more than the attention saved). The buckets' indices come from the packer
+with the batch, so nothing waits on the device.
 
 It is a transformers attention implementation, ``mmvl_sdpa_segments``: a batch that carries no
 ``mmvl_segments`` (evaluation, generation, padded batches) runs transformers' own ``sdpa``
@@ -25,14 +27,35 @@ NAME = "mmvl_sdpa_segments"
 _registered = False
 
 
+class _Regather(torch.autograd.Function):
+    """``x.index_select(0, index)`` with ``zero`` rows zeroed, whose gradient is the same kind of gather
+    back (``back``, ``zero_back``), not a scatter-add into a zeroed copy. Exact when each row of ``x``
+    feeds at most one non-zeroed output row, and rows read more often (a bucket's right pads all read
+    position 0) get exactly zero gradient: what causal buckets guarantee (a real position never
+    attends a right pad, and a pad's output is never read)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, index: torch.Tensor, zero: torch.Tensor, back: torch.Tensor,
+                zero_back: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(back, zero_back, index, zero)
+        out = x.index_select(0, index)
+        return out.index_fill_(0, zero, 0) if zero.numel() else out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        back, zero_back, index, zero = ctx.saved_tensors
+        return _Regather.apply(grad, back, zero_back, index, zero), None, None, None, None
+
+
 def attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: Any,
               dropout: float = 0.0, scaling: float | None = None, mmvl_segments: dict[str, Any] | None = None,
               **kwargs: Any) -> tuple[torch.Tensor, None]:
     """transformers' attention interface: ``query`` ``B x heads x L x d`` (key and value may have fewer
     heads) -> ``B x L x heads x d``. With ``mmvl_segments`` (the packer's
-    :func:`mmvl.data.packing.attention_buckets`), each bucket's samples are gathered from the rows,
-    attend causally within themselves in one call, and their real outputs go back to their positions
-    in one copy (the rows' padding gets zeros); without, transformers' sdpa."""
+    :func:`mmvl.data.packing.attention_buckets`), the samples are gathered from the rows into their
+    buckets (one gather each for query, key and value), each bucket attends causally in one call, and
+    the outputs go back to their positions in one gather (the rows' padding gets zeros); without,
+    transformers' sdpa."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     if mmvl_segments is None:
@@ -41,18 +64,21 @@ def attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.
     rows, heads, length, dim = query.shape
     groups = heads // key.size(1)
     p = dropout if module.training else 0.0
-    q, k, v = (t.transpose(1, 2).reshape(rows * length, t.size(1), dim) for t in (query, key, value))
+    gather, scatter = mmvl_segments["gather"], mmvl_segments["scatter"]
+    pad_slots, row_pads = mmvl_segments["pad_slots"], mmvl_segments["row_pads"]
+    none = gather[:0]
+    q, k, v = (_Regather.apply(t.transpose(1, 2).reshape(rows * length, t.size(1), dim), gather, none, scatter,
+                               row_pads) for t in (query, key, value))
+    shapes = mmvl_segments["shapes"]
+    sizes = [n * longest for n, longest in shapes]  # split, not sliced: the gradients join in one cat
     outs = []
-    for index in mmvl_segments["buckets"]:
-        n, longest = index.shape
-        pick = index.reshape(-1)
-        qb, kb, vb = (t.index_select(0, pick).view(n, longest, t.size(1), dim).transpose(1, 2) for t in (q, k, v))
+    for (n, longest), qb, kb, vb in zip(shapes, *(t.split(sizes) for t in (q, k, v))):
+        qb, kb, vb = (t.view(n, longest, t.size(1), dim).transpose(1, 2) for t in (qb, kb, vb))
         if groups > 1:  # grouped-query attention: each key/value head serves `groups` query heads
             kb, vb = kb.repeat_interleave(groups, 1), vb.repeat_interleave(groups, 1)
         ob = F.scaled_dot_product_attention(qb, kb, vb, dropout_p=p, is_causal=True, scale=scaling)
         outs.append(ob.transpose(1, 2).reshape(n * longest, heads, dim))
-    real = torch.cat(outs).index_select(0, mmvl_segments["slots"])
-    out = q.new_zeros((rows * length, heads, dim)).index_copy(0, mmvl_segments["positions"], real)
+    out = _Regather.apply(torch.cat(outs) if len(outs) > 1 else outs[0], scatter, row_pads, gather, pad_slots)
     return out.view(rows, length, heads, dim), None
 
 
