@@ -1,5 +1,5 @@
 """``training.packing`` against padded batches, shuffled and grouped by length: real (non-pad) tokens
-per second of training updates, the same VLM and data, interleaved in one process.
+per second of training updates, the same VLM and the same samples, interleaved in one process.
 
     python benchmarks/packing.py                                   # both sets
     python benchmarks/packing.py --set llava --packing-length 1024  # one set, another row length
@@ -11,11 +11,16 @@ mmvl[easy_vqa]); ``llava`` is a LLaVA-JSON set written here (one image or none, 
 tens to hundreds of tokens a conversation) on the same model. For each set three Trainers are built
 with the same seed (the same initial weights): shuffled and padded (``group_by_length=false``),
 grouped (``group_by_length=true``), packed (``packing=true``, rows of ``--packing-length`` tokens).
-Each round times ``--updates`` calls of ``Trainer.train_step`` of each (the order rotates) after an
-untimed one, counting the real tokens of the batches it drew. Printed per set: each side's time,
-positions and real tokens a sample, and the lines ``packed/grouped R`` and ``packed/shuffled R``
-(median over rounds of the ratio of real tokens per second) and ``real positions packed F`` (the
-share of the packed rows' positions that are real tokens).
+
+Each side trains whole epochs, so the three train on the same samples, grouping only reordering
+them: the rates compare the same work (over a few batches, grouped batches of long or of short
+samples would tilt them, as an image costs the same whatever its text). After one untimed update
+each (first-call work), every side's data goes back to the epoch's start; then ``--rounds`` epochs
+are timed, the three in turns of ``--updates`` updates (the order rotating), so the machine's drift
+falls on all three alike. Printed per set: each side's time, positions and real tokens a sample, and
+the lines ``packed/grouped R`` and ``packed/shuffled R`` (ratios of real tokens per second over the
+timed epochs) and ``real positions packed F`` (the share of the packed rows' positions that are real
+tokens).
 """
 from __future__ import annotations
 
@@ -23,7 +28,6 @@ import argparse
 import json
 import os
 import random
-import statistics
 import sys
 import tempfile
 from typing import Any
@@ -80,7 +84,7 @@ class Steps:
     def __init__(self, trainer: Any, pad_id: int):
         self.trainer, self.pad_id = trainer, pad_id
         self.positions = self.real = self.samples = 0
-        stream = trainer.train_data
+        self.stream = stream = trainer.train_data
 
         def counted() -> Any:
             while True:
@@ -98,6 +102,10 @@ class Steps:
         for _ in range(n):
             self.samples += int(self.trainer.train_step()["samples"])
 
+    def left(self) -> int:
+        """Updates left in this epoch."""
+        return self.stream.batches_per_epoch - self.stream.batch
+
 
 def build(side: str, args: argparse.Namespace, data: list[str], save_dir: str) -> Steps:
     from mmvl.config import load_config
@@ -112,35 +120,48 @@ def build(side: str, args: argparse.Namespace, data: list[str], save_dir: str) -
     return Steps(trainer, int(builder.model_info()["pad_token_id"]))
 
 
+def epoch(sides: dict[str, Steps], turn: int) -> dict[str, float]:
+    """One epoch of each side from its start, in turns of ``turn`` updates (the order rotating): the
+    seconds each took."""
+    seconds = dict.fromkeys(sides, 0.0)
+    left, r = next(iter(sides.values())).stream.batches_per_epoch, 0
+    while left:
+        n = min(turn, left)
+        for side in list(sides)[r % len(sides):] + list(sides)[: r % len(sides)]:
+            seconds[side] += timed(sides[side], n) * n
+        left, r = left - n, r + 1
+    return seconds
+
+
 def measure(name: str, data: list[str], args: argparse.Namespace, tmp: str) -> None:
     sides = {side: build(side, args, data, os.path.join(tmp, f"{name}_{side}")) for side in SIDES}
+    if len({steps.stream.batches_per_epoch for steps in sides.values()}) != 1:
+        raise SystemExit(f"set {name}: the sides' epochs differ in length; the comparison needs the same samples")
     for steps in sides.values():
         steps.run(1)  # untimed: first-call work
+        steps.stream.load_state_dict({"epoch": 0, "batch": 0})  # back to the epoch's start
         steps.positions = steps.real = steps.samples = 0
-    rates: dict[str, list[float]] = {side: [] for side in sides}
-    times: dict[str, list[float]] = {side: [] for side in sides}
-    for r in range(args.rounds):
-        order = list(sides)[r % 3:] + list(sides)[: r % 3]
-        for side in order:
-            before = sides[side].real
-            seconds = timed(sides[side], args.updates) * args.updates
-            times[side].append(seconds / args.updates)
-            rates[side].append((sides[side].real - before) / seconds)
-    print(f"set {name}")
+    seconds = dict.fromkeys(sides, 0.0)
+    for _ in range(args.rounds):
+        for side, took in epoch(sides, args.updates).items():
+            seconds[side] += took
+    updates = args.rounds * next(iter(sides.values())).stream.batches_per_epoch
+    rate = {side: steps.real / seconds[side] for side, steps in sides.items()}
+    same = len({(steps.samples, steps.real) for steps in sides.values()}) == 1
+    print(f"set {name}: {updates} timed updates a side, {sides['packed'].samples} samples, the same for each: {same}")
     for side, steps in sides.items():
-        print(f"  {side}: {1e3 * statistics.median(times[side]):.1f} ms/update, "
+        print(f"  {side}: {1e3 * seconds[side] / updates:.1f} ms/update, "
               f"{steps.positions / max(1, steps.samples):.1f} positions/sample, "
-              f"{steps.real / max(1, steps.samples):.1f} real tokens/sample, "
-              f"{statistics.median(rates[side]):.0f} real tokens/s")
+              f"{steps.real / max(1, steps.samples):.1f} real tokens/sample, {rate[side]:.0f} real tokens/s")
     for other in ("grouped", "shuffled"):
-        ratio = statistics.median(p / o for p, o in zip(rates["packed"], rates[other]))
-        print(f"packed/{other} {ratio:.3f}")
+        print(f"packed/{other} {rate['packed'] / rate[other]:.3f}")
     packed = sides["packed"]
     print(f"real positions packed {packed.real / max(1, packed.positions):.3f}")
 
 
 def main() -> int:
-    parser = trainer_arguments(__doc__, updates=10)
+    parser = trainer_arguments(__doc__, updates=5)
+    parser.set_defaults(rounds=1)
     parser.add_argument("--set", choices=["easy_vqa", "llava", "both"], default="both")
     parser.add_argument("--packing-length", type=int, default=0, help="rows' tokens (0: one row a micro-batch)")
     args = parsed(parser)
