@@ -106,8 +106,11 @@ def test_counter_sees_reads_and_value_sized_ops():
         f"{x.mean():.2f}"
         y = x * 2  # queued work only
         torch.where(y > 0, y, 0.0)
+        source = torch.ones(3, requires_grad=True)
+        torch.zeros(3).masked_scatter(x > 0, source).sum().backward()  # the source's gradient: selected by the mask
     kinds = [what for what, _ in counter.calls]
-    assert kinds == ["Tensor.__float__", "Tensor.__bool__", "aten.index", "aten.nonzero", "Tensor.__format__"], kinds
+    assert kinds == ["Tensor.__float__", "Tensor.__bool__", "aten.index", "aten.nonzero", "Tensor.__format__",
+                     "aten.masked_scatter_backward"], kinds
 
 
 def test_copy_counter_sees_host_values_and_device_moves_not_casts():
@@ -156,3 +159,21 @@ def test_cuda_updates_do_not_sync(tmp_path, precision):
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert checked == [u for u in range(1, UPDATES + 1) if quiet(u)]
+
+
+@pytest.mark.parametrize("packing_length", [96, None])
+def test_packed_vlm_updates_do_not_sync(tmp_path, packing_length):
+    """``training.packing``: the vlm on packed conversation rows (images spliced in placeholder order,
+    attention in buckets from the packer's indices), in rows of 96 tokens and in one row. (Syncs
+    only: its ``.to(device)`` calls, transformers' rotary table and the token loss's, move tensors
+    already on the device, which a CPU counter cannot tell from copies.)"""
+    from tests.fixtures.easy_vqa_generative_run import opts, write_root
+
+    data = write_root(tmp_path / "easy_vqa")
+    trainer = Trainer(load_config(opts(data, tmp_path / "save", *COMMON, "training.packing=true",
+                                       f"training.packing_length={packing_length or 'null'}",
+                                       "dataset_config.easy_vqa_generative.task=conversation")))
+    seen, _ = _per_update_syncs(trainer)
+    quiet = {u: calls for u, calls in seen.items() if u % LOG_INTERVAL and u != UPDATES}
+    assert len(quiet) == UPDATES - UPDATES // LOG_INTERVAL - 1
+    assert all(not calls for calls in quiet.values()), {u: c for u, c in quiet.items() if c}

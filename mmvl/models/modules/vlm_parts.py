@@ -103,9 +103,13 @@ def splice_in_order(embeds: torch.Tensor, input_ids: torch.Tensor, tokens: torch
     """``embeds`` with the positions at ``input_ids == token_id``, row by row, taking ``tokens``' rows
     (``N x T x hidden``: every image's tokens, in the order of the placeholders) one after another:
     packed rows (:mod:`mmvl.data.packing`), where a row holds several samples' images. Tokens past
-    the last placeholder (a blank image a text-only batch encodes) are placed nowhere."""
-    where = input_ids.eq(token_id).unsqueeze(-1)
-    return embeds.masked_scatter(where, tokens.to(embeds.dtype).reshape(-1, tokens.size(-1)))
+    the last placeholder (a blank image a text-only batch encodes) are placed nowhere. No host sync
+    (``masked_scatter``'s backward selects by the mask, whose count the host must read): the token
+    of every placeholder is a running count over the rows."""
+    where = input_ids.eq(token_id)
+    flat = tokens.to(embeds.dtype).reshape(-1, tokens.size(-1))
+    k = (where.reshape(-1).cumsum(0) - 1).clamp(min=0, max=flat.size(0) - 1)
+    return torch.where(where.unsqueeze(-1), flat.index_select(0, k).view_as(embeds), embeds)
 
 
 def packed_attention_mask(position_ids: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
