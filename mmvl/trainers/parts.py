@@ -120,7 +120,7 @@ def build_parts(config: Any, env: DistEnv | None = None) -> RunParts:
     model = model_from(run.model, builders, bool(t.gradient_checkpointing),
                        checkpointing=not engine.strategy.handles_gradient_checkpointing)
     check_packing(t, model, run.model.name)
-    load_pretrained(engine, model, config)  # checkpoint.resume_pretrained: weights only, before wrapping
+    load_pretrained(engine, model, config.checkpoint)  # checkpoint.resume_pretrained: weights only, before wrapping
     losses = build_losses(list(filled_model_config(run.model, builders).get("losses") or []))
     optimizer = build_optimizer(model, optimizer_section(config), env.device, batch_size=int(t.batch_size))
     model, optimizer = engine.prepare(model, optimizer)

@@ -242,15 +242,16 @@ def resume(trainer: Any) -> str | None:
     return path
 
 
-def load_pretrained(engine: Engine, model: torch.nn.Module, config: Any) -> str | None:
+def load_pretrained(engine: Engine, model: torch.nn.Module, checkpoint: Any) -> str | None:
     """``checkpoint.resume_pretrained``: copy the model weights of ``checkpoint.resume_file`` into
-    ``model`` (single-device, before any wrapping), renamed by ``checkpoint.pretrained_state_mapping``.
+    ``model`` (single-device, before any wrapping), renamed by ``checkpoint.pretrained_state_mapping``;
+    ``checkpoint`` is the config's ``checkpoint`` section.
 
     Counters, optimizer and scheduler start fresh. Every rank calls this; all agree on errors:
     a mapping prefix that matches no checkpoint key, mapped keys the model lacks, and model keys
     left without weights (all of them without a mapping; those under a mapped model prefix with one).
     """
-    ck = config.checkpoint
+    ck = checkpoint
     if not ck.get("resume_pretrained"):
         return None
     problem, path = None, str(ck.get("resume_file") or "")

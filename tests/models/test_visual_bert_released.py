@@ -218,7 +218,7 @@ def test_an_mmf_checkpoint_loads_through_the_shipped_mapping_with_nothing_left_o
     model = ours(None, max_position_embeddings=positions)
     mapped = apply_state_mapping(state, mapping)
     assert sorted(mapped) == sorted(model.state_dict())  # nothing left over on either side
-    assert load_pretrained(Engine, model, config) == str(path)
+    assert load_pretrained(Engine, model, config.checkpoint) == str(path)
     own = model.state_dict()
     assert all(torch.equal(own[k], v) for k, v in mapped.items())
     # the shared part alone (a pretrained MMF checkpoint): every embedding/encoder/pooler key, no head
@@ -249,7 +249,7 @@ def test_an_mmf_pretraining_checkpoint_loads_with_its_heads(tmp_path):
     config = load_config(["model=visual_bert", f"config={ROOT / 'configs/pretrained/mmf_visual_bert_pretraining.yaml'}",
                           "checkpoint.resume_pretrained=true", f"checkpoint.resume_file={path}"])
     model = ours(None, max_position_embeddings=positions, training_head_type="pretraining", losses=[])
-    load_pretrained(Engine, model, config)
+    load_pretrained(Engine, model, config.checkpoint)
     own = model.state_dict()
     mapping = OmegaConf.to_container(config.checkpoint.pretrained_state_mapping)
     assert sorted(apply_state_mapping(state, mapping)) == sorted(own)  # nothing left over on the model's side
@@ -300,6 +300,6 @@ def test_an_mmf_checkpoint_missing_weights_lists_every_key(tmp_path):
     config = load_config(["model=visual_bert", f"config={ROOT / 'configs/pretrained/mmf_visual_bert.yaml'}",
                           "checkpoint.resume_pretrained=true", f"checkpoint.resume_file={path}"])
     with pytest.raises(UserError) as err:
-        load_pretrained(Engine, ours(None, max_position_embeddings=16), config)
+        load_pretrained(Engine, ours(None, max_position_embeddings=16), config.checkpoint)
     assert f"no weights for {len(gone)} model keys" in str(err.value)
     assert all(k.replace("model.", "", 1) in str(err.value) for k in gone)
