@@ -6,9 +6,9 @@ length attention (flash-attention's ``cu_seqlens``) skips them on GPUs that have
 same for every device, through torch's ``scaled_dot_product_attention``: one causal call per
 bucket of samples of similar length (the split that computes least, counting each call's cost:
 :func:`mmvl.data.packing.bucket_groups`). Query, key and value are gathered into the buckets in one
-gather each and the outputs go back in one, whose gradients are gathers too (a scatter-add into a
-zeroed copy a bucket cost more than the attention saved). The buckets' indices come from the packer
-with the batch, so nothing waits on the device.
+gather each and the outputs go back in one, whose gradients are gathers too (``index_select``'s own
+backward, a scatter-add into a zeroed full-size copy, cost three such copies a bucket and layer).
+The buckets' indices come from the packer with the batch, so nothing waits on the device.
 
 It is a transformers attention implementation, ``mmvl_sdpa_segments``: a batch that carries no
 ``mmvl_segments`` (evaluation, generation, padded batches) runs transformers' own ``sdpa``
