@@ -102,10 +102,6 @@ class Steps:
         for _ in range(n):
             self.samples += int(self.trainer.train_step()["samples"])
 
-    def left(self) -> int:
-        """Updates left in this epoch."""
-        return self.stream.batches_per_epoch - self.stream.batch
-
 
 def build(side: str, args: argparse.Namespace, data: list[str], save_dir: str) -> Steps:
     from mmvl.config import load_config

@@ -251,12 +251,11 @@ def load_pretrained(engine: Engine, model: torch.nn.Module, checkpoint: Any) -> 
     a mapping prefix that matches no checkpoint key, mapped keys the model lacks, and model keys
     left without weights (all of them without a mapping; those under a mapped model prefix with one).
     """
-    ck = checkpoint
-    if not ck.get("resume_pretrained"):
+    if not checkpoint.get("resume_pretrained"):
         return None
-    problem, path = None, str(ck.get("resume_file") or "")
+    problem, path = None, str(checkpoint.get("resume_file") or "")
     try:
-        _load_pretrained(model, path, dict(ck.get("pretrained_state_mapping") or {}))
+        _load_pretrained(model, path, dict(checkpoint.get("pretrained_state_mapping") or {}))
     except UserError as e:
         problem = str(e)
     engine.all_ranks_agreed(problem, "load the pretrained weights")
