@@ -72,7 +72,8 @@ def one_bucket(lm: Any, padded: list[tuple[torch.Tensor, dict[str, Any]]]) -> li
     out = []
     for embeds, _ in padded:
         rows, width, hidden = embeds.shape
-        segments = attention_buckets([(r * width, width) for r in range(rows)], rows * width)
+        segments = {key: value.to(embeds.device) if isinstance(value, torch.Tensor) else value  # where the packer's go
+                    for key, value in attention_buckets([(r * width, width) for r in range(rows)], rows * width).items()}
         if len(segments["shapes"]) != 1:
             raise SystemExit(f"rows of one width made {len(segments['shapes'])} buckets, not one")
         positions = torch.arange(width, device=embeds.device).repeat(rows).unsqueeze(0)
