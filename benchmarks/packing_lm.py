@@ -37,11 +37,7 @@ import torch  # noqa: E402
 
 from benchmarks.group_by_length import parsed, trainer_arguments  # noqa: E402  (the tree first on sys.path)
 from benchmarks.packing import build, write_llava  # noqa: E402
-
-
-def _drained() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
+from benchmarks.timing import drained  # noqa: E402
 
 
 def epoch_inputs(steps: Any) -> tuple[Any, list[tuple[torch.Tensor, dict[str, Any]]]]:
@@ -67,29 +63,29 @@ def one_bucket(lm: Any, padded: list[tuple[torch.Tensor, dict[str, Any]]]) -> li
     """Padded batches as packed rows of one bucket each: every row a sample of the batch's width (its
     padding computed, as grouping computes it), positions 0.. a row, as the padded batch has them."""
     from mmvl.data.packing import attention_buckets
+    from mmvl.data.sample import to_device
     from mmvl.models.modules.vlm_parts import lm_packed_inputs
 
     out = []
     for embeds, _ in padded:
         rows, width, hidden = embeds.shape
-        segments = {key: value.to(embeds.device) if isinstance(value, torch.Tensor) else value  # where the packer's go
-                    for key, value in attention_buckets([(r * width, width) for r in range(rows)], rows * width).items()}
+        segments = attention_buckets([(r * width, width) for r in range(rows)], rows * width)
         if len(segments["shapes"]) != 1:
             raise SystemExit(f"rows of one width made {len(segments['shapes'])} buckets, not one")
-        positions = torch.arange(width, device=embeds.device).repeat(rows).unsqueeze(0)
-        extra = lm_packed_inputs(lm.config, {"position_ids": positions, "segments": segments}, embeds.dtype)
+        rows_batch = {"position_ids": torch.arange(width).repeat(rows).unsqueeze(0), "segments": segments}
+        extra = lm_packed_inputs(lm.config, to_device(rows_batch, embeds.device), embeds.dtype)
         out.append((embeds.detach().reshape(1, rows * width, hidden).requires_grad_(), extra))
     return out
 
 
 def run(lm: Any, inputs: list[tuple[torch.Tensor, dict[str, Any]]]) -> float:
     """Seconds of forward and backward of ``lm`` over ``inputs``."""
-    _drained()
+    drained()
     start = time.perf_counter()
     for embeds, extra in inputs:
         lm(inputs_embeds=embeds, use_cache=False, **extra).logits.float().square().mean().backward()
         embeds.grad = None  # not accumulated over the rounds: each backward the same work
-    _drained()
+    drained()
     return time.perf_counter() - start
 
 

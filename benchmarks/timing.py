@@ -8,12 +8,16 @@ from typing import Any
 import torch
 
 
+def drained() -> None:
+    """Wait for the device's queued work (a CUDA step is asynchronous; a CPU one is not)."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def timed(step: Any, n: int) -> float:
     """Seconds per update of ``step.run(n)``."""
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
+    drained()
     start = time.perf_counter()
     step.run(n)
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
+    drained()
     return (time.perf_counter() - start) / n
