@@ -36,6 +36,21 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_drop_inherited_locks)
 
 
+def _holder(fd: int, wait_s: float = 2.0) -> str:
+    """Who holds the lock on ``fd``, as its holder wrote it. The holder writes its name just after
+    taking the lock, so a run started at the same moment can find the file empty or half written:
+    it reads again for up to ``wait_s`` before it settles for not knowing."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            info = json.loads(os.pread(fd, 4096, 0).decode("utf-8", "replace"))
+            return f"pid {info['pid']} on {info['host']}, started {info['started']}"
+        except (ValueError, KeyError, TypeError):
+            if time.monotonic() >= deadline:
+                return "a process that has not written its name yet"
+            time.sleep(0.02)
+
+
 def lock_dir(folder: str | os.PathLike[str], key: str = "env.save_dir") -> Path:
     """Own ``folder`` for the rest of this process: an advisory ``flock`` on :data:`LOCK` there,
     which the OS releases when the process ends, however it ends (a SIGKILLed run leaves no stale
@@ -53,13 +68,8 @@ def lock_dir(folder: str | os.PathLike[str], key: str = "env.save_dir") -> Path:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
-        holder = os.pread(fd, 4096, 0).decode("utf-8", "replace")
+        who = _holder(fd)
         os.close(fd)
-        try:
-            info = json.loads(holder)
-            who = f"pid {info['pid']} on {info['host']}, started {info['started']}"
-        except (ValueError, KeyError, TypeError):
-            who = "a process that has not written its name yet"
         raise UserError(f"{key}={str(folder)!r} is in use by another run ({who}); wait for it to end or stop "
                         f"it, or choose another {key}.") from None
     os.ftruncate(fd, 0)

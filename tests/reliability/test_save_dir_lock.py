@@ -4,9 +4,11 @@ resumes (the OS released the lock with the process)."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -39,8 +41,8 @@ def _updates(root: Path) -> list[int]:
 @pytest.mark.proc
 def test_a_second_process_is_refused_and_this_process_may_lock_again(tmp_path):
     assert locks.lock_dir(tmp_path) == locks.lock_dir(tmp_path)  # the same process: its own lock
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from mmvl import locks; "
-                               f"locks.lock_dir({str(tmp_path / 'other')!r}); print('held', flush=True); time.sleep(30)"],
+    holder = subprocess.Popen([sys.executable, "-c", ("import sys, time; from mmvl import locks; "
+                               f"locks.lock_dir({str(tmp_path / 'other')!r}); print('held', flush=True); time.sleep(30)")],
                               cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
         (tmp_path / "other").mkdir()
@@ -51,6 +53,38 @@ def test_a_second_process_is_refused_and_this_process_may_lock_again(tmp_path):
         holder.kill()
         holder.wait()
     locks.lock_dir(tmp_path / "other")  # the holder is dead: the OS released its lock
+
+
+def _hold_unnamed(folder: Path) -> int:
+    """Take the folder's lock on a descriptor of its own, as a run that has not written its name yet."""
+    import fcntl
+
+    folder.mkdir(exist_ok=True)
+    fd = os.open(folder / locks.LOCK, os.O_RDWR | os.O_CREAT, 0o666)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return fd
+
+
+def test_a_run_started_at_the_same_moment_waits_for_the_holders_name(tmp_path):
+    fd = _hold_unnamed(tmp_path / "save")
+    name = json.dumps({"pid": 4321, "host": "node7", "started": "2026-12-08T00:00:00"}).encode()
+    writer = threading.Timer(0.3, lambda: os.pwrite(fd, name, 0))
+    writer.start()
+    try:
+        with pytest.raises(UserError, match=r"in use by another run \(pid 4321 on node7, started 2026-12-08"):
+            locks.lock_dir(tmp_path / "save")
+    finally:
+        writer.join()
+        os.close(fd)
+
+
+def test_a_holder_that_never_writes_its_name_is_still_refused_in_one_line(tmp_path):
+    fd = _hold_unnamed(tmp_path / "save")
+    try:
+        with pytest.raises(UserError, match=r"in use by another run \(a process that has not written its name yet\)"):
+            locks.lock_dir(tmp_path / "save")
+    finally:
+        os.close(fd)
 
 
 @pytest.mark.slow
