@@ -143,7 +143,9 @@ def _pool() -> _ArenaPool:
     return _POOL
 
 
-def into_arena(batch: dict[str, Any], slots: list[_Slot]) -> "_SharedBatch":
+def into_arena(batch: dict[str, Any], slots: list[Any]) -> "_SharedBatch":
+    """Lay ``slots`` (``sample``'s collate plan: shape, like, nbytes, fill, parent, key per tensor)
+    out in one arena and fill each in place, so the batch crosses to the main process as one mapping."""
     end = 0
     for s in slots:
         s.offset = -(-end // _ALIGN) * _ALIGN
