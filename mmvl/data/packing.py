@@ -45,24 +45,23 @@ def plan_rows(lengths: Sequence[int], capacity: int) -> list[list[int]]:
     return [sorted(row) for row in rows if row]  # within a row, the sampler's order
 
 
-def sample_images(item: dict[str, Any], image_token_id: int, image_tokens: int) -> list[torch.Tensor]:
-    """The images ``item`` places (``image``: one ``C x H x W`` or ``k x C x H x W``); a text-only
-    sample's blank image is none of them."""
-    placed = int(item["input_ids"].eq(image_token_id).sum()) // max(1, image_tokens)
-    image = item.get("image")
-    if not placed or not isinstance(image, torch.Tensor):
-        return []
-    return [image] if image.dim() == 3 else list(image[:placed])
-
-
 def placed_images(rows: list[list[dict[str, Any]]], *, image_token_id: int, image_tokens: int) -> dict[str, Any]:
     """``image``: every image the rows' samples place, ``N x C x H x W``, in their order (mmvl's own
-    ``vlm``); a batch without any: one text-only sample's blank, placed nowhere, so the image encoder
-    runs in every forward as it does on padded batches."""
-    images = [image for row in rows for item in row for image in sample_images(item, image_token_id, image_tokens)]
+    ``vlm``): a sample's ``image`` (one ``C x H x W`` or ``k x C x H x W``) gives as many as its
+    placeholders ask for, a text-only sample's blank none. A batch without any: one text-only sample's
+    blank, placed nowhere, so the image encoder runs in every forward as it does on padded batches."""
+    items = [item for row in rows for item in row]
+    sizes = torch.tensor([item["input_ids"].numel() for item in items])
+    marks = torch.cat([item["input_ids"] for item in items]).eq(image_token_id).long().cumsum(0)
+    seen = torch.cat([marks.new_zeros(1), marks])[sizes.cumsum(0)]  # placeholders up to each sample's end
+    placed = ((seen - torch.cat([seen.new_zeros(1), seen[:-1]])) // max(1, image_tokens)).tolist()
+    images = []
+    for item, n in zip(items, placed):
+        image = item.get("image")
+        if n and isinstance(image, torch.Tensor):
+            images += [image] if image.dim() == 3 else list(image[:n])
     if not images:
-        blank = next((item["image"] for row in rows for item in row if isinstance(item.get("image"), torch.Tensor)),
-                     None)
+        blank = next((item["image"] for item in items if isinstance(item.get("image"), torch.Tensor)), None)
         if blank is None:
             return {}
         images = [blank if blank.dim() == 3 else blank[0]]
@@ -106,20 +105,18 @@ def attention_buckets(spans: Sequence[tuple[int, int]], total: int | None = None
     groups = bucket_groups([n for _, n in spans])
     total = max(start + n for start, n in spans) if total is None else total
     shapes = [(len(group), spans[group[0]][1]) for group in groups]
-    gather = torch.zeros(sum(n * longest for n, longest in shapes), dtype=torch.long)
-    real = torch.zeros(gather.numel(), dtype=torch.bool)
-    scatter = torch.zeros(total, dtype=torch.long)
-    covered = torch.zeros(total, dtype=torch.bool)
-    at = 0
+    slot_starts, at = [], 0  # each sample's first slot, in bucket order
     for group, (_, longest) in zip(groups, shapes):
-        for j, k in enumerate(group):
-            start, n = spans[k]
-            slot = at + j * longest
-            gather[slot: slot + n] = torch.arange(start, start + n)
-            real[slot: slot + n] = True
-            scatter[start: start + n] = torch.arange(slot, slot + n)
-            covered[start: start + n] = True
+        slot_starts += range(at, at + len(group) * longest, longest)
         at += len(group) * longest
+    order = [k for group in groups for k in group]
+    lengths = torch.tensor([spans[k][1] for k in order])
+    offset = torch.arange(int(lengths.sum())) - torch.repeat_interleave(lengths.cumsum(0) - lengths, lengths)
+    slots = torch.repeat_interleave(torch.tensor(slot_starts, dtype=torch.long), lengths) + offset
+    flat = torch.repeat_interleave(torch.tensor([spans[k][0] for k in order], dtype=torch.long), lengths) + offset
+    gather, real = torch.zeros(at, dtype=torch.long), torch.zeros(at, dtype=torch.bool)
+    scatter, covered = torch.zeros(total, dtype=torch.long), torch.zeros(total, dtype=torch.bool)
+    gather[slots], real[slots], scatter[flat], covered[flat] = flat, True, slots, True
     return {"shapes": shapes, "gather": gather, "scatter": scatter, "pad_slots": real.logical_not().nonzero().view(-1),
             "row_pads": covered.logical_not().nonzero().view(-1)}
 
@@ -149,17 +146,16 @@ def pack(items: Sequence[dict[str, Any]], *, capacity: int | None, pad_id: int,
     positions = torch.zeros((len(rows), width), dtype=torch.long)
     order, segments = [], []
     for r, row in enumerate(rows):
-        at = 0
-        for i in row:
-            n, item = lengths[i], items[i]
-            for key, column in batch.items():
-                column[r, at: at + n] = item[key]
-            batch["targets"][r, at] = IGNORE_INDEX  # predicted from the previous sample's last token: never a label
-            positions[r, at: at + n] = torch.arange(n)
-            order.append(item.get("id", i))
-            segments.append((r * width + at, n))
-            at += n
-        positions[r, at:] = torch.arange(width - at)  # the padding: a sequence of its own, never a label
+        sizes = torch.tensor([lengths[i] for i in row])
+        starts = sizes.cumsum(0) - sizes
+        used = int(sizes.sum())
+        for key, column in batch.items():
+            column[r, :used] = torch.cat([items[i][key] for i in row])
+        batch["targets"][r, starts] = IGNORE_INDEX  # predicted from the previous sample's last token: never a label
+        positions[r, :used] = torch.arange(used) - torch.repeat_interleave(starts, sizes)  # restarting per sample
+        positions[r, used:] = torch.arange(width - used)  # the padding: a sequence of its own, never a label
+        order += [items[i].get("id", i) for i in row]
+        segments += [(r * width + int(at), lengths[i]) for i, at in zip(row, starts.tolist())]
     batch.update(position_ids=positions, segments=attention_buckets(segments, len(rows) * width), id=order)
     batch.update(images([[items[i] for i in row] for row in rows]))
     return batch
